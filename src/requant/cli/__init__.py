@@ -1,0 +1,5 @@
+"""The ``requant`` command."""
+
+from requant.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,34 @@
+"""``requant``: one sub-command per tool. Errors print one message and exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from requant.cli import type_cmd
+from requant.errors import RequantError
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="requant", description="requant: a post-training quantization compiler.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    type_cmd.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.run(args)
+    except RequantError as exc:
+        print(f"requant {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""One exception hierarchy for everything requant raises on purpose.
+
+Every error a user can trigger with bad input is a :class:`RequantError`; the
+CLI turns it into a message and a non-zero exit. Subclasses name the stage.
+"""
+
+from __future__ import annotations
+
+__all__ = ["QuantTypeError", "RequantError"]
+
+
+class RequantError(Exception):
+    """Root of requant's errors: bad input, unsupported request, failed check."""
+
+
+class QuantTypeError(RequantError, ValueError):
+    """A quantized type, its text, or a value checked against it is invalid."""

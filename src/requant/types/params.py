@@ -1,0 +1,125 @@
+"""Scales and zero points from observed ranges, the way ONNX Runtime and PyTorch choose them.
+
+Rules (``docs/types.md`` has the worked examples):
+
+- The range is widened to contain 0, so 0.0 is always exactly representable.
+- ``narrow_range`` drops the lowest storage value (``-127..127`` for i8,
+  ``1..255`` for u8), as TensorFlow does.
+- Symmetric: ``scale = max(|min|, |max|) / ((qmax - qmin) / 2)`` and the zero
+  point is the middle of the storage range, ``ceil((qmin + qmax) / 2)``: 0 for
+  signed storage, 128 for u8.
+- Affine: ``scale = (max - min) / (qmax - qmin)``,
+  ``zero_point = qmin - round_half_even(min / scale)``, clamped to storage.
+- The scale is rounded to the expressed type (an f32 model stores f32 scales),
+  and the zero point is computed from that rounded scale.
+- A range that is exactly [0, 0] (an all-zero tensor) gets scale 1.0 and the
+  zero point the rules above give for 0; a scale below the expressed type's
+  smallest normal number is raised to it. Never a zero or NaN scale.
+- NaN or infinite bounds, or ``min > max``, raise :class:`QuantTypeError`
+  naming the bound and its index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.errors import QuantTypeError
+from requant.types.floats import FloatFormat, round_to_format
+from requant.types.quantized import (
+    UniformQuantizedPerAxisType,
+    UniformQuantizedSubChannelType,
+    UniformQuantizedType,
+    UniformType,
+    expressed_format,
+)
+from requant.types.storage import storage_type
+
+__all__ = ["from_range"]
+
+_NUMPY_FLOATS = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
+
+
+def _round_scales(scale: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
+    native = _NUMPY_FLOATS.get(fmt.name)
+    if native is not None:
+        return scale.astype(native).astype(np.float64)
+    if fmt.precision >= 53:
+        return scale
+    rounded = [round_to_format(float(s), fmt) for s in scale.flat]
+    return np.array([float(r) if r is not None else np.inf for r in rounded]).reshape(scale.shape)
+
+
+def _check(name: str, values: npt.NDArray[np.float64]) -> None:
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        where = "" if values.ndim == 0 else f" at index {np.unravel_index(bad[0], values.shape)}"
+        raise QuantTypeError(
+            f"range {name}{where} is {values.flat[bad[0]]}; a quantization range must be finite "
+            f"(filter NaN/Inf before observing, or use a clipping observer)"
+        )
+
+
+def from_range(
+    min: npt.ArrayLike,  # noqa: A002 - the names users know
+    max: npt.ArrayLike,  # noqa: A002
+    storage: str = "i8",
+    expressed: str = "f32",
+    *,
+    symmetric: bool = False,
+    narrow_range: bool = False,
+    axis: int | None = None,
+    block_sizes: Mapping[int, int] | None = None,
+) -> UniformType:
+    """Quantization parameters covering ``[min, max]``.
+
+    Scalars give a per-layer type; 1-D arrays with ``axis`` a per-axis type;
+    arrays of the block grid's shape with ``block_sizes`` a sub-channel type.
+    """
+    st = storage_type(storage)
+    fmt = expressed_format(expressed)
+    if axis is not None and block_sizes is not None:
+        raise QuantTypeError("give either axis (per-axis) or block_sizes (sub-channel), not both")
+    lo = np.asarray(min, dtype=np.float64)
+    hi = np.asarray(max, dtype=np.float64)
+    if lo.shape != hi.shape:
+        raise QuantTypeError(f"min and max must have the same shape, got {lo.shape} and {hi.shape}")
+    if axis is None and block_sizes is None and lo.ndim != 0:
+        raise QuantTypeError("array ranges need axis= (per-axis) or block_sizes= (sub-channel)")
+    if axis is not None and lo.ndim != 1:
+        raise QuantTypeError(f"per-axis ranges must be one-dimensional, got shape {lo.shape}")
+    _check("min", lo)
+    _check("max", hi)
+    inverted = np.flatnonzero(lo > hi)
+    if inverted.size:
+        i = inverted[0]
+        raise QuantTypeError(f"illegal min and max: ({lo.flat[i]}:{hi.flat[i]}); min must not exceed max")
+    lo = np.minimum(lo, 0.0)
+    hi = np.maximum(hi, 0.0)
+    qmin = st.min + (1 if narrow_range else 0)
+    qmax = st.max
+    if qmax - qmin < 1:
+        raise QuantTypeError(f"narrow range leaves no values in {st}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.maximum(-lo, hi) / ((qmax - qmin) / 2.0) if symmetric else (hi - lo) / float(qmax - qmin)
+    scale = np.where(scale == 0, 1.0, scale)
+    scale = np.maximum(scale, float(2.0**fmt.emin))
+    scale = _round_scales(scale, fmt)
+    too_wide = np.flatnonzero(scale > fmt.scale_range[1])
+    if too_wide.size:
+        raise QuantTypeError(f"range is too wide for expressed type {fmt.name}: the scale would exceed its maximum")
+    if symmetric:
+        zp = np.full(scale.shape, (qmin + qmax + 1) // 2, dtype=np.int64)
+    else:
+        zp = np.clip(qmin - np.rint(lo / scale), qmin, qmax).astype(np.int64)
+    bounds: dict[str, Any] = {}
+    if narrow_range:
+        bounds = {"storage_min": qmin, "storage_max": qmax}
+    if axis is not None:
+        return UniformQuantizedPerAxisType(str(st), fmt.name, axis, scale.tolist(), zp.tolist(), **bounds)
+    if block_sizes is not None:
+        return UniformQuantizedSubChannelType(str(st), fmt.name, block_sizes, scale, zp, **bounds)
+    return UniformQuantizedType(str(st), fmt.name, float(scale), int(zp), **bounds)

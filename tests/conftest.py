@@ -1,0 +1,38 @@
+"""Shared test settings: deterministic hypothesis runs, the golden-update switch, the MLIR oracle."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from tests.mlir_oracle import MlirOracle, mlir_available
+
+# The same examples on every run: CI is deterministic, failures reproduce.
+settings.register_profile(
+    "default", derandomize=True, deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files with the current output")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def mlir() -> Iterator[MlirOracle]:
+    reason = mlir_available()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"MLIR bindings are part of the dev install but did not load: {reason}")
+        pytest.skip(f"MLIR bindings not available: {reason}")
+    oracle = MlirOracle()
+    yield oracle
+    oracle.close()
