@@ -13,6 +13,7 @@ import math
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 __all__ = [
     "F64",
@@ -44,18 +45,18 @@ class FloatFormat:
     emin: int
     finite: str
 
-    @property
+    @cached_property
     def largest(self) -> Fraction:
         """The largest finite value, exactly."""
         ulps = {"ieee": 1, "all_finite": 1, "nan_at_max": 2}[self.finite]
         return (2 - Fraction(2) ** (ulps - self.precision)) * Fraction(2) ** self.emax
 
-    @property
+    @cached_property
     def smallest(self) -> Fraction:
         """The smallest positive value (a denormal where the format has them), exactly."""
         return Fraction(2) ** (self.emin - (self.precision - 1))
 
-    @property
+    @cached_property
     def scale_range(self) -> tuple[float, float]:
         """The range a scale of this expressed type must lie in, as doubles.
 

@@ -13,8 +13,10 @@ Rounding is always named:
 Arithmetic is done in float32 for expressed types of up to 24 bits of
 precision (f16, bf16, tf32, f32 and the f8 kinds, as ONNX Runtime computes),
 and in float64 for f64, f80 and f128. Results always saturate to
-``[storage_min, storage_max]``; NaN quantizes to ``storage_min``... see
-``docs/types.md`` for the exact NaN rule.
+``[storage_min, storage_max]``, and NaN quantizes to ``storage_min`` (ONNX
+leaves NaN undefined; ONNX Runtime's answer depends on the kernel and the zero
+point). Storage wider than 16 bits rounds and adds the zero point in float64,
+so i32/u32 results are exact.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ Rules (``docs/types.md`` has the worked examples):
   ``zero_point = qmin - round_half_even(min / scale)``, clamped to storage.
 - The scale is rounded to the expressed type (an f32 model stores f32 scales),
   and the zero point is computed from that rounded scale.
-- A range that is exactly [0, 0] (an all-zero tensor) gets scale 1.0 and the
-  zero point the rules above give for 0; a scale below the expressed type's
-  smallest normal number is raised to it. Never a zero or NaN scale.
+- A scale below the expressed type's smallest normal number (an all-zero
+  tensor, or a range of denormals) becomes 1.0 with the zero point at 0
+  (clamped to the storage range), as ONNX Runtime does. Never a zero or NaN
+  scale.
 - NaN or infinite bounds, or ``min > max``, raise :class:`QuantTypeError`
   naming the bound and its index.
 """
@@ -56,7 +57,8 @@ def _round_scales(scale: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArr
 def _check(name: str, values: npt.NDArray[np.float64]) -> None:
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
-        where = "" if values.ndim == 0 else f" at index {np.unravel_index(bad[0], values.shape)}"
+        index = tuple(int(i) for i in np.unravel_index(bad[0], values.shape))
+        where = "" if values.ndim == 0 else f" at index {index}"
         raise QuantTypeError(
             f"range {name}{where} is {values.flat[bad[0]]}; a quantization range must be finite "
             f"(filter NaN/Inf before observing, or use a clipping observer)"
@@ -105,16 +107,15 @@ def from_range(
         raise QuantTypeError(f"narrow range leaves no values in {st}")
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.maximum(-lo, hi) / ((qmax - qmin) / 2.0) if symmetric else (hi - lo) / float(qmax - qmin)
-    scale = np.where(scale == 0, 1.0, scale)
-    scale = np.maximum(scale, float(2.0**fmt.emin))
-    scale = _round_scales(scale, fmt)
-    too_wide = np.flatnonzero(scale > fmt.scale_range[1])
-    if too_wide.size:
+    if np.any(scale > fmt.scale_range[1]):
         raise QuantTypeError(f"range is too wide for expressed type {fmt.name}: the scale would exceed its maximum")
+    degenerate = scale < 2.0**fmt.emin
+    scale = _round_scales(np.where(degenerate, 1.0, scale), fmt)
     if symmetric:
         zp = np.full(scale.shape, (qmin + qmax + 1) // 2, dtype=np.int64)
     else:
         zp = np.clip(qmin - np.rint(lo / scale), qmin, qmax).astype(np.int64)
+    zp = np.where(degenerate, np.clip(0, qmin, qmax), zp)
     bounds: dict[str, Any] = {}
     if narrow_range:
         bounds = {"storage_min": qmin, "storage_max": qmax}

@@ -25,13 +25,14 @@ from requant.types.quantized import (
 )
 from requant.types.storage import MAX_STORAGE_BITS, StorageType
 
-__all__ = ["Parser", "parse_type"]
+__all__ = ["MAX_RANK", "Parser", "parse_type"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
 _BANG_IDENT = re.compile(r"![A-Za-z_][A-Za-z0-9_$.\-]*")
 _NUMBER = re.compile(r"0x[0-9A-Fa-f]+|[0-9]+(\.[0-9]*([eE][-+]?[0-9]+)?)?")
 _INT_TYPE = re.compile(r"(si|ui|i)([0-9]+)")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_RANK = 64  # deeper scale grids are refused rather than overflowing the parser's stack
 
 
 @dataclass
@@ -115,6 +116,8 @@ class Parser:
         number = self._number()
         if number is None or number.is_float:
             self.fail("expected integer value", number.column if number else start)
+        if len(number.text) > 40:  # past int64 whatever the digits; int() of huge strings is slow or refused
+            self.fail("integer value too large", number.column)
         value = int(number.text, 0) if number.text.startswith("0x") else int(number.text, 10)
         value = -value if negative else value
         if not bounds[0] <= value <= bounds[1]:
@@ -213,13 +216,17 @@ class Parser:
             self.fail(f"zero point {zero_point} out of storage type {storage} range [{storage.min}, {storage.max}]", at)
         return scale, zero_point
 
-    def dense(self, fmt: FloatFormat, storage: StorageType, scales: list[float], zps: list[int]) -> list[int]:
+    def dense(
+        self, fmt: FloatFormat, storage: StorageType, scales: list[float], zps: list[int], depth: int = 1
+    ) -> list[int]:
         """A nested ``{...}`` list after its opening brace; returns its shape."""
+        if depth > MAX_RANK:
+            self.fail(f"scale list nested deeper than {MAX_RANK} levels")
         inner: list[int] | None = None
         size = 0
         while True:
             if self.accept("{"):
-                dims = self.dense(fmt, storage, scales, zps)
+                dims = self.dense(fmt, storage, scales, zps, depth + 1)
             else:
                 scale, zp = self.scale_zero(fmt, storage)
                 scales.append(scale)

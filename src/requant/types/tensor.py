@@ -90,6 +90,8 @@ def _tensor(parser: Parser) -> TensorType:
             end = pos
             while end < len(text) and text[end].isdigit():
                 end += 1
+            if end - pos > 19:
+                parser.fail("dimension too large", pos)
             dims.append(int(text[pos:end]))
             parser.pos = end
         elif parser.accept("?"):

@@ -1,0 +1,66 @@
+"""The ``requant type`` command, run as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from requant.cli import main
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "requant", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_type_prints_canonical_text_and_fields() -> None:
+    result = run("type", "!quant.uniform<ui8<1:255>:f32, 0.0186:114>")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "!quant.uniform<u8<1:255>:f32, 1.860000e-02:114>",
+        "  kind           UniformQuantizedType",
+        "  storage        u8",
+        "  storage range  [1, 255]",
+        "  expressed      f32",
+        "  scale          0.0186",
+        "  zero point     114",
+    ]
+
+
+def test_type_error_exits_1_with_mlir_message() -> None:
+    result = run("type", "!quant.uniform<i8:f32, 3>")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "requant type: error: 1:24: unexpected decimal integer literal for a floating point value "
+        "(add a trailing dot to make the literal a float)",
+        "  !quant.uniform<i8:f32, 3>",
+        "                         ^",
+    ]
+
+
+def test_tensor_is_checked_against_its_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["type", "tensor<2x?x!quant.uniform<i8:f32:0, {0.5, 0.25:3}>>"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:2] == [
+        "tensor<2x?x!quant.uniform<i8:f32:0, {5.000000e-01,2.500000e-01:3}>>",
+        "  shape          2x?",
+    ]
+    assert main(["type", "tensor<3x!quant.uniform<i8:f32:0, {0.5, 0.25}>>"]) == 1
+    assert "quantized dimension size does not match number of scales" in capsys.readouterr().err
+
+
+def test_sub_channel_shows_grid_and_normal_form(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["type", "!quant.uniform<i4:f16:{0:1, 1:32}, {{0.1}, {0.2:-1}}>"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "!quant.uniform<i4:f16:{0:1, 1:32}, {{9.997550e-02}, {1.999510e-01:-1}}>"
+    assert "  block sizes    axis 0: 1, axis 1: 32" in lines
+    assert "  scale grid     2x1" in lines
+    # per-axis scales print as doubles: the f16 values need all their digits there
+    assert "  normalized     !quant.uniform<i4:f16:0, {0.0999755859375,0.199951171875:-1}>" in lines
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run().returncode == 2
+    assert run("nonsense").returncode == 2
