@@ -184,7 +184,7 @@ def test_blockwise_equals_per_tensor_block_by_block(data: st.DataObject, mode: s
 
 def test_large_arrays_go_through_the_chunked_path() -> None:
     rng = np.random.default_rng(7)
-    x = rng.normal(size=(300, 1000)).astype(np.float32)
+    x = rng.normal(size=(1200, 1000)).astype(np.float32)  # 5 blocks: the threaded path
     t = UniformQuantizedType("u8", "f32", 0.02, 128)
     expected = np.clip(np.rint(x / np.float32(0.02)) + 128, 0, 255).astype(np.uint8)
     assert np.array_equal(qcast(x, t), expected)

@@ -21,7 +21,9 @@ so i32/u32 results are exact.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -40,7 +42,8 @@ from requant.types.tensor import _verify_blocks
 __all__ = ["ROUNDING_MODES", "dcast", "qcast", "scast"]
 
 ROUNDING_MODES = ("half_to_even", "half_away_from_zero", "toward_zero")
-_CHUNK = 1 << 16  # elements per block: keeps the temporaries in cache
+_CHUNK = 1 << 18  # elements per block: temporaries stay in L2, and few enough blocks for threads to pay off
+_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 Array = npt.NDArray[Any]
 
@@ -91,13 +94,34 @@ def _layout(x: Array, t: UniformType, ct: type[np.floating[Any]]) -> tuple[Array
 def _chunked(
     x: Array, scale: Array, zp: Array, out: Array, kernel: Callable[[Array, Array, Array, Array], None]
 ) -> None:
-    """Apply ``kernel`` over slices of the leading axis small enough to stay in cache."""
-    if x.ndim == 0 or x.size <= _CHUNK or (scale.ndim and scale.shape[0] != 1) or (zp.ndim and zp.shape[0] != 1):
+    """Apply ``kernel`` to slices of the leading axis that fit in cache, on a few threads.
+
+    numpy releases the GIL inside ufuncs, so slices run in parallel; every
+    element is computed the same way whatever the slicing, so results do not
+    depend on the number of threads.
+    """
+    if x.ndim == 0 or x.size <= _CHUNK:
         kernel(x, scale, zp, out)
         return
-    rows = max(1, _CHUNK // max(1, x.size // x.shape[0]))
-    for start in range(0, x.shape[0], rows):
-        kernel(x[start : start + rows], scale, zp, out[start : start + rows])
+    lead = x.shape[0]
+
+    def along(p: Array, start: int, stop: int) -> Array:
+        # parameters that vary along the leading axis are sliced with it
+        return p[start:stop] if p.ndim and p.shape[0] == lead and lead > 1 else p
+
+    rows = max(1, _CHUNK // max(1, x.size // lead))
+    starts = range(0, lead, rows)
+
+    def run(start: int) -> None:
+        stop = start + rows
+        kernel(x[start:stop], along(scale, start, stop), along(zp, start, stop), out[start:stop])
+
+    if len(starts) < 4 or _THREADS == 1:
+        for start in starts:
+            run(start)
+        return
+    with ThreadPoolExecutor(_THREADS) as pool:
+        list(pool.map(run, starts))
 
 
 def qcast(x: npt.ArrayLike, t: UniformType, rounding: str = "half_to_even") -> Array:
@@ -114,31 +138,38 @@ def qcast(x: npt.ArrayLike, t: UniformType, rounding: str = "half_to_even") -> A
     ct = _compute_dtype(t)
     # Values past 2**24 are not exact in float32: wide storage rounds in float64.
     wide = np.float64 if t.storage_width > 16 else ct
-    lo, hi = t.storage_min, t.storage_max
-    storage = t.storage_type
+    lo, hi = wide(t.storage_min), wide(t.storage_max)
     view, scale, zp = _layout(xa, t, ct)
-    out = np.empty(view.shape, dtype=storage.numpy_dtype)
+    zpf = zp.astype(wide)
+    add_zp = bool(np.any(zp))
+    out = np.empty(view.shape, dtype=t.storage_type.numpy_dtype)
 
     def kernel(xs: Array, s: Array, z: Array, o: Array) -> None:
-        v = np.divide(xs, s, dtype=ct).astype(wide, copy=False)
-        if rounding == "toward_zero":
-            v += z.astype(wide)
+        v = np.divide(xs, s, dtype=ct)
+        if wide is not ct:
+            v = v.astype(wide)
+        if rounding == "toward_zero":  # MLIR: add the zero point, then convert
+            if add_zp:
+                np.add(v, z, out=v)
             np.trunc(v, out=v)
         else:
             if rounding == "half_to_even":
                 np.rint(v, out=v)
-            else:
+            else:  # half away from zero, exactly: trunc, then step out where |fraction| >= 1/2
                 whole = np.trunc(v)
-                frac = v - whole
-                whole += (frac >= 0.5).astype(wide) - (frac <= -0.5).astype(wide)
+                np.subtract(v, whole, out=v)
+                whole += v >= 0.5
+                whole -= v <= -0.5
                 v = whole
-            v += z.astype(wide)
-        # fmax/fmin return the number when the other operand is NaN: NaN saturates to storage_min
-        np.fmax(v, lo, out=v)
-        np.fmin(v, hi, out=v)
+            if add_zp:
+                np.add(v, z, out=v)
+        np.clip(v, lo, hi, out=v)
+        nan = np.isnan(v)
+        if nan.any():
+            v[nan] = lo  # NaN saturates to storage_min
         o[...] = v
 
-    _chunked(view, scale, zp, out, kernel)
+    _chunked(view, scale, zpf, out, kernel)
     return out.reshape(xa.shape)
 
 
@@ -150,19 +181,26 @@ def dcast(q: npt.ArrayLike, t: UniformType) -> Array:
         raise QuantTypeError(f"dcast expects an integer array of stored values, got {qa.dtype}")
     ct = _compute_dtype(t)
     view, scale, zp = _layout(qa, t, ct)
-    out = np.empty(view.shape, dtype=_output_float(t))
-    exact_in_ct = t.storage_width <= 16
+    out_dtype = _output_float(t)
+    out = np.empty(view.shape, dtype=out_dtype)
+    exact_in_ct = t.storage_width <= 16  # every stored value and difference is exact in float32
+    sub_zp = bool(np.any(zp))
+    zpc = zp.astype(ct) if exact_in_ct else zp
+    direct = out_dtype == ct
 
     def kernel(qs: Array, s: Array, z: Array, o: Array) -> None:
-        if exact_in_ct:
-            v = qs.astype(ct)
-            v -= z.astype(ct)
-        else:  # subtract in integers, as ONNX Runtime does, then convert
-            v = (qs.astype(np.int64) - z).astype(ct)
-        v *= s
-        o[...] = v
+        v = o if direct else np.empty(qs.shape, dtype=ct)
+        if not exact_in_ct:  # subtract in integers, as ONNX Runtime does, then convert
+            v[...] = qs.astype(np.int64) - z
+        elif sub_zp:
+            np.subtract(qs, z, out=v, dtype=ct)
+        else:
+            v[...] = qs
+        np.multiply(v, s, out=v)
+        if not direct:
+            o[...] = v
 
-    _chunked(view, scale, zp, out, kernel)
+    _chunked(view, scale, zpc, out, kernel)
     return out.reshape(qa.shape)
 
 
