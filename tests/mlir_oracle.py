@@ -80,10 +80,60 @@ class MlirOracle:
         answer = self._ask({"kind": "op", "op": op, "src": source, "dst": result})
         return answer["ok"], answer["out"]
 
+    def qcast(self, type_text: str, expressed: str, storage_bits: int, values: list[float]) -> list[int]:
+        """MLIR's own lowering of ``quant.qcast`` (``lower-quant-ops``), JIT-compiled and run per value.
+
+        Values are passed as the bit patterns of ``expressed`` (f32 or f16); results are the
+        stored values as unsigned ``storage_bits``-bit patterns.
+        """
+        answer = self._ask(
+            {
+                "kind": "qcast",
+                "type": type_text,
+                "ft": expressed,
+                "bits": str(storage_bits),
+                "values": json.dumps(values),
+            }
+        )
+        if not answer["ok"]:
+            raise RuntimeError(answer["out"])
+        result: list[int] = json.loads(answer["out"])
+        return result
+
     def close(self) -> None:
         if self._proc.stdin:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
+
+
+def _jit_qcast(ir: Any, ctx: Any, request: dict[str, str]) -> str:
+    import struct
+
+    from mlir import execution_engine, passmanager  # type: ignore[import-not-found]
+
+    ty, ft, bits = request["type"], request["ft"], int(request["bits"])
+    module = (
+        f"func.func @q(%arg0: {ft}) -> i{bits} attributes {{ llvm.emit_c_interface }} {{\n"
+        f"  %0 = quant.qcast %arg0 : {ft} to {ty}\n"
+        f"  %1 = quant.scast %0 : {ty} to i{bits}\n"
+        f"  return %1 : i{bits}\n}}"
+    )
+    with ctx:
+        m = ir.Module.parse(module)
+        passmanager.PassManager.parse(
+            "builtin.module(func.func(lower-quant-ops),canonicalize,convert-arith-to-llvm,convert-func-to-llvm,"
+            "reconcile-unrealized-casts)"
+        ).run(m.operation)
+        engine = execution_engine.ExecutionEngine(m, opt_level=0)
+    in_type, pack = (ctypes.c_uint16, "<e") if ft == "f16" else (ctypes.c_uint32, "<f")
+    out_type = {8: ctypes.c_uint8, 16: ctypes.c_uint16, 32: ctypes.c_uint32}[bits]
+    results = []
+    for value in json.loads(request["values"]):
+        arg = in_type(int.from_bytes(struct.pack(pack, value), "little"))
+        res = out_type(0)
+        engine.invoke("q", ctypes.pointer(arg), ctypes.pointer(res))
+        results.append(res.value)
+    return json.dumps(results)
 
 
 def _serve() -> None:
@@ -92,7 +142,9 @@ def _serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            if request["kind"] == "type":
+            if request["kind"] == "qcast":
+                out = _jit_qcast(ir, ctx, request)
+            elif request["kind"] == "type":
                 out = str(ir.Type.parse(request["text"], ctx))
             else:
                 src, dst = request["src"], request["dst"]

@@ -48,8 +48,12 @@ _THREADS = max(1, min(4, os.cpu_count() or 1))
 Array = npt.NDArray[Any]
 
 
-def _compute_dtype(t: UniformType) -> type[np.floating[Any]]:
-    return np.float64 if t.expressed_format.precision > 24 else np.float32
+def _compute_dtype(t: UniformType, rounding: str = "half_to_even") -> type[np.floating[Any]]:
+    if t.expressed_format.precision > 24:
+        return np.float64
+    if rounding == "toward_zero" and t.expressed == "f16":
+        return np.float16  # MLIR's lowering computes in the expressed type
+    return np.float32
 
 
 def _output_float(t: UniformType) -> np.dtype[Any]:
@@ -135,9 +139,10 @@ def qcast(x: npt.ArrayLike, t: UniformType, rounding: str = "half_to_even") -> A
     xa = np.asarray(x)
     if not np.issubdtype(xa.dtype, np.floating):
         raise QuantTypeError(f"qcast expects a floating-point array, got {xa.dtype}")
-    ct = _compute_dtype(t)
-    # Values past 2**24 are not exact in float32: wide storage rounds in float64.
-    wide = np.float64 if t.storage_width > 16 else ct
+    ct = _compute_dtype(t, rounding)
+    # Values past 2**24 are not exact in float32: wide storage rounds in float64
+    # (MLIR's lowering adds the zero point before that, in the expressed type).
+    wide = np.float64 if t.storage_width > 16 or ct is np.float16 else ct
     lo, hi = wide(t.storage_min), wide(t.storage_max)
     view, scale, zp = _layout(xa, t, ct)
     zpf = zp.astype(wide)
@@ -146,13 +151,13 @@ def qcast(x: npt.ArrayLike, t: UniformType, rounding: str = "half_to_even") -> A
 
     def kernel(xs: Array, s: Array, z: Array, o: Array) -> None:
         v = np.divide(xs, s, dtype=ct)
-        if wide is not ct:
-            v = v.astype(wide)
-        if rounding == "toward_zero":  # MLIR: add the zero point, then convert
+        if rounding == "toward_zero":  # MLIR: add the zero point in the expressed type, then convert
             if add_zp:
-                np.add(v, z, out=v)
-            np.trunc(v, out=v)
+                np.add(v, z.astype(ct), out=v)
+            v = np.trunc(v.astype(wide))
         else:
+            if wide is not ct:
+                v = v.astype(wide)
             if rounding == "half_to_even":
                 np.rint(v, out=v)
             else:  # half away from zero, exactly: trunc, then step out where |fraction| >= 1/2
