@@ -50,7 +50,7 @@ def test_errors_are_one_hierarchy() -> None:
         (lambda: UniformQuantizedType("u8", "f32", 1.0, storage_min=3, storage_max=3), r"illegal storage min"),
         (lambda: UniformQuantizedType("u8", "f32", 1.0, storage_min=-1), "illegal storage type minimum: -1"),
         (lambda: UniformQuantizedPerAxisType("i8", "f32", -1, [1.0]), "illegal quantized dimension: -1"),
-        (lambda: UniformQuantizedPerAxisType("i8", "f32", 0, []), "at least one scale"),
+        (lambda: UniformQuantizedPerAxisType("i8", "f32", 0, []), "scales must not be empty"),
         (lambda: UniformQuantizedPerAxisType("i8", "f32", 0, [1.0], [0, 0]), "illegal number of scales"),
         (lambda: UniformQuantizedSubChannelType("i8", "f32", {0: 0}, [[1.0]]), "illegal block size: 0"),
         (lambda: UniformQuantizedSubChannelType("i8", "f32", {2: 1}, [[1.0]]), "must be less than the rank"),
@@ -58,6 +58,9 @@ def test_errors_are_one_hierarchy() -> None:
         (lambda: UniformQuantizedSubChannelType("i8", "f32", {}, [[1.0], [2.0, 3.0]]), "ranks are not consistent"),
         (lambda: UniformQuantizedSubChannelType("i8", "f32", {}, [[1.0]], [[0, 0]]), "shape of scales and zeroP"),
         (lambda: UniformQuantizedSubChannelType("i8", "f32", {}, 1.0), "rank >= 1"),
+        (lambda: UniformQuantizedSubChannelType("i8", "f32", {}, [["a"]]), "each of the scales must be a real number"),
+        (lambda: UniformQuantizedSubChannelType("i8", "f32", {}, [[1.0]], [[0.5]]), "zero points must be an integer"),
+        (lambda: UniformQuantizedPerAxisType("i8", "f32", 0, [[1.0]]), "must be one-dimensional"),
         (lambda: AnyQuantizedType("i8", "bf15"), "expressed type must be floating point"),
         (lambda: CalibratedQuantizedType("f32", 1.0, 1.0), r"illegal min and max: \(1.000000e\+00"),
         (lambda: CalibratedQuantizedType("f32", float("-inf"), 1.0), r"illegal min and max: \(-INF"),
@@ -66,6 +69,14 @@ def test_errors_are_one_hierarchy() -> None:
 def test_constructor_errors(make: object, message: str) -> None:
     with pytest.raises(QuantTypeError, match=message):
         make()  # type: ignore[operator]
+
+
+def test_large_sub_channel_types_are_cheap() -> None:
+    # int4 blockwise weights of a 4096x4096 matrix, blocks of 32: 524,288 scales, vectorized checks
+    scales = np.random.default_rng(0).uniform(0.01, 0.1, (4096, 128))
+    t = UniformQuantizedSubChannelType("i4", "f16", {0: 1, 1: 32}, scales)
+    assert np.array_equal(t.scales, scales.astype(np.float16).astype(np.float64))
+    assert t == UniformQuantizedSubChannelType("i4", "f16", {0: 1, 1: 32}, t.scales)
 
 
 def test_values_are_frozen_and_hashable() -> None:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = [
     "F64",
     "FLOAT_FORMATS",
@@ -121,6 +124,26 @@ def round_to_format(value: Fraction | float, fmt: FloatFormat) -> Fraction | Non
     if r > fmt.largest:
         return None
     return sign * r
+
+
+_NUMPY_NATIVE = {"f16": np.float16, "f32": np.float32}
+
+
+def round_array_to_format(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
+    """``round_to_format`` over an array of doubles; values past the largest become inf.
+
+    numpy's own float64 -> float16/float32 casts round to nearest even in one
+    step, so they are used where they exist; other formats go value by value.
+    """
+    native = _NUMPY_NATIVE.get(fmt.name)
+    if native is not None:
+        with np.errstate(over="ignore"):
+            return values.astype(native).astype(np.float64)
+    if fmt.precision >= 53:
+        return values.astype(np.float64, copy=True)
+    rounded = [round_to_format(float(v), fmt) for v in values.flat]
+    flat = [float(r) if r is not None else math.inf for r in rounded]
+    return np.array(flat, dtype=np.float64).reshape(values.shape)
 
 
 def _to_string(

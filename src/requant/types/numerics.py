@@ -37,7 +37,7 @@ from requant.types.quantized import (
     UniformType,
 )
 from requant.types.storage import StorageType, storage_type
-from requant.types.tensor import _verify_blocks
+from requant.types.tensor import verify_blocks
 
 __all__ = ["ROUNDING_MODES", "dcast", "qcast", "scast"]
 
@@ -86,7 +86,7 @@ def _layout(x: Array, t: UniformType, ct: type[np.floating[Any]]) -> tuple[Array
         shape[t.axis] = len(t.scales)
         scale = np.array(t.scales, dtype=ct).reshape(shape)
         return x, scale, np.array(t.zero_points, dtype=np.int64).reshape(shape)
-    _verify_blocks(t, x.shape)
+    verify_blocks(t, x.shape)
     blocked: list[int] = []
     grid: list[int] = []
     for size, groups in zip(x.shape, t.scales.shape, strict=True):

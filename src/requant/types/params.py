@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from requant.errors import QuantTypeError
-from requant.types.floats import FloatFormat, round_to_format
+from requant.types.floats import round_array_to_format
 from requant.types.quantized import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -40,18 +40,6 @@ from requant.types.quantized import (
 from requant.types.storage import storage_type
 
 __all__ = ["from_range"]
-
-_NUMPY_FLOATS = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
-
-
-def _round_scales(scale: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
-    native = _NUMPY_FLOATS.get(fmt.name)
-    if native is not None:
-        return scale.astype(native).astype(np.float64)
-    if fmt.precision >= 53:
-        return scale
-    rounded = [round_to_format(float(s), fmt) for s in scale.flat]
-    return np.array([float(r) if r is not None else np.inf for r in rounded]).reshape(scale.shape)
 
 
 def _check(name: str, values: npt.NDArray[np.float64]) -> None:
@@ -110,7 +98,7 @@ def from_range(
     if np.any(scale > fmt.scale_range[1]):
         raise QuantTypeError(f"range is too wide for expressed type {fmt.name}: the scale would exceed its maximum")
     degenerate = scale < 2.0**fmt.emin
-    scale = _round_scales(np.where(degenerate, 1.0, scale), fmt)
+    scale = round_array_to_format(np.where(degenerate, 1.0, scale), fmt)
     if symmetric:
         zp = np.full(scale.shape, (qmin + qmax + 1) // 2, dtype=np.int64)
     else:

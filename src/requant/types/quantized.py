@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from requant.errors import QuantTypeError
-from requant.types.floats import FLOAT_FORMATS, FloatFormat, format_diag, format_float, round_to_format
+from requant.types.floats import FLOAT_FORMATS, FloatFormat, format_diag, format_float, round_array_to_format
 from requant.types.storage import StorageType, storage_type
 
 __all__ = [
@@ -50,23 +50,73 @@ def expressed_format(name: object) -> FloatFormat:
     return fmt
 
 
+def _scale_range_error(value: float, fmt: FloatFormat) -> QuantTypeError:
+    lo, hi = fmt.scale_range
+    return QuantTypeError(
+        f"scale {format_diag(value)} out of expressed type range [{format_diag(lo)}, {format_diag(hi)}]"
+    )
+
+
 def _scale(value: object, fmt: FloatFormat) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise QuantTypeError(f"scale must be a real number, got {value!r}")
     scale = float(value)
     lo, hi = fmt.scale_range
     if not lo <= scale <= hi:  # also rejects NaN, which MLIR accepts
-        raise QuantTypeError(
-            f"scale {format_diag(scale)} out of expressed type range [{format_diag(lo)}, {format_diag(hi)}]"
-        )
+        raise _scale_range_error(scale, fmt)
     return scale
+
+
+def _zero_point_error(zp: int, storage: StorageType) -> QuantTypeError:
+    return QuantTypeError(f"zero point {zp} out of storage type {storage} range [{storage.min}, {storage.max}]")
 
 
 def _zero_point(value: object, storage: StorageType) -> int:
     zp = _int("zero point", value)
     if not storage.min <= zp <= storage.max:
-        raise QuantTypeError(f"zero point {zp} out of storage type {storage} range [{storage.min}, {storage.max}]")
+        raise _zero_point_error(zp, storage)
     return zp
+
+
+def _array(values: object, what: str, integer: bool) -> npt.NDArray[Any]:
+    """``values`` as a rectangular numpy array of rank >= 1 of integers (or real numbers)."""
+    kind = "an integer" if integer else "a real number"
+    if isinstance(values, (str, bytes)):
+        raise QuantTypeError(f"{what} must be a sequence or array, got {values!r}")
+    if not isinstance(values, np.ndarray) and isinstance(values, Iterable):
+        values = list(values)
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError) as exc:  # ragged nesting
+        raise QuantTypeError(f"{what}: tensor literal is invalid; ranks are not consistent between elements") from exc
+    if array.ndim == 0:
+        raise QuantTypeError(f"{what} must be a sequence or array of rank >= 1, got {values!r}")
+    if array.size == 0:
+        raise QuantTypeError(f"{what} must not be empty")
+    if array.dtype.kind not in ("iu" if integer else "iuf"):
+        raise QuantTypeError(f"each of the {what} must be {kind} (got an array of {array.dtype})")
+    return array
+
+
+def _scale_array(values: object, fmt: FloatFormat) -> npt.NDArray[np.float64]:
+    scales = _array(values, "scales", integer=False).astype(np.float64)
+    lo, hi = fmt.scale_range
+    bad = np.flatnonzero(~((scales >= lo) & (scales <= hi)))  # NaN fails both comparisons
+    if bad.size:
+        raise _scale_range_error(float(scales.flat[bad[0]]), fmt)
+    return scales
+
+
+def _zero_point_array(values: object, storage: StorageType, shape: tuple[int, ...]) -> npt.NDArray[np.int64]:
+    if values is None:
+        return np.zeros(shape, dtype=np.int64)
+    zps = _array(values, "zero points", integer=True)
+    if zps.shape != shape:
+        raise QuantTypeError(f"shape of scales and zeroPoints ({list(shape)} vs {list(zps.shape)}) does not match")
+    bad = np.flatnonzero((zps < storage.min) | (zps > storage.max))
+    if bad.size:
+        raise _zero_point_error(int(zps.flat[bad[0]]), storage)
+    return zps.astype(np.int64)
 
 
 def _bounds(storage: StorageType, lo: object, hi: object) -> tuple[int, int]:
@@ -215,13 +265,16 @@ class UniformQuantizedPerAxisType(_UniformBase):
         dim = _int("quantized dimension", axis)
         if dim < 0:
             raise QuantTypeError(f"illegal quantized dimension: {dim}")
-        scale_list = [_scale(s, fmt) for s in _flat(scales, "scales")]
-        if not scale_list:
-            raise QuantTypeError("per-axis quantization needs at least one scale")
-        zps = [0] * len(scale_list) if zero_points is None else _flat(zero_points, "zero points")
-        if len(zps) != len(scale_list):
-            raise QuantTypeError(f"illegal number of scales and zeroPoints: {len(scale_list)}, {len(zps)}")
-        zp_list = [_zero_point(z, self._storage) for z in zps]
+        scale_array = _scale_array(scales, fmt)
+        if scale_array.ndim != 1:
+            raise QuantTypeError(f"per-axis scales must be one-dimensional, got shape {scale_array.shape}")
+        if zero_points is not None:
+            count = _array(zero_points, "zero points", integer=True).size
+            if count != scale_array.size:
+                raise QuantTypeError(f"illegal number of scales and zeroPoints: {scale_array.size}, {count}")
+        zp_array = _zero_point_array(zero_points, self._storage, scale_array.shape)
+        scale_list: list[float] = scale_array.tolist()
+        zp_list: list[int] = zp_array.tolist()
         self._set(_fmt=fmt, axis=dim, scales=tuple(scale_list), zero_points=tuple(zp_list))
 
     def _key(self) -> tuple[object, ...]:
@@ -240,35 +293,6 @@ class UniformQuantizedPerAxisType(_UniformBase):
             format_float(s) + (f":{z}" if z else "") for s, z in zip(self.scales, self.zero_points, strict=True)
         )
         return f"!quant.uniform<{self._storage_text()}:{self.expressed}:{self.axis}, {{{params}}}>"
-
-
-def _flat(values: object, what: str) -> list[Any]:
-    if isinstance(values, np.ndarray):
-        if values.ndim != 1:
-            raise QuantTypeError(f"{what} must be one-dimensional, got shape {values.shape}")
-        return [v.item() for v in values]
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise QuantTypeError(f"{what} must be a sequence, got {values!r}")
-    return list(values)
-
-
-def _grid(values: object, what: str, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    """A nested sequence or array as a rectangular numpy array of rank >= 1."""
-    try:
-        array = np.array(values, dtype=object)
-    except ValueError as exc:  # ragged nesting
-        raise QuantTypeError(f"{what}: tensor literal is invalid; ranks are not consistent between elements") from exc
-    if array.ndim == 0:
-        raise QuantTypeError(f"{what} must be a nested sequence or array of rank >= 1, got {values!r}")
-    if array.size == 0:
-        raise QuantTypeError(f"{what} must not be empty")
-    for item in array.flat:
-        if isinstance(item, (list, tuple, np.ndarray)):
-            raise QuantTypeError(f"{what}: tensor literal is invalid; ranks are not consistent between elements")
-        if isinstance(item, bool) or not isinstance(item, Real if dtype is np.float64 else Integral):
-            kind = "a real number" if dtype is np.float64 else "an integer"
-            raise QuantTypeError(f"each of the {what} must be {kind}, got {item!r}")
-    return array
 
 
 class UniformQuantizedSubChannelType(_UniformBase):
@@ -309,23 +333,8 @@ class UniformQuantizedSubChannelType(_UniformBase):
             if any(axis == seen for seen, _ in blocks):
                 raise QuantTypeError(f"quantized dimension {axis} has more than one block size")
             blocks.append((axis, size))
-        grid = _grid(scales, "scales", np.float64)
-        rounded = []
-        for s in grid.flat:
-            value = round_to_format(_scale(s, fmt), fmt)
-            assert value is not None  # in range, so no overflow
-            rounded.append(float(value))
-        scale_array = np.array(rounded, dtype=np.float64).reshape(grid.shape)
-        if zero_points is None:
-            zp_array = np.zeros(grid.shape, dtype=np.int64)
-        else:
-            zgrid = _grid(zero_points, "zero points", np.int64)
-            if zgrid.shape != grid.shape:
-                raise QuantTypeError(
-                    f"shape of scales and zeroPoints ({list(grid.shape)} vs {list(zgrid.shape)}) does not match"
-                )
-            zp_array = np.array([_zero_point(z, self._storage) for z in zgrid.flat], dtype=np.int64)
-            zp_array = zp_array.reshape(grid.shape)
+        scale_array = round_array_to_format(_scale_array(scales, fmt), fmt)
+        zp_array = _zero_point_array(zero_points, self._storage, scale_array.shape)
         for axis, _ in blocks:
             if axis >= scale_array.ndim:
                 raise QuantTypeError(
@@ -348,8 +357,8 @@ class UniformQuantizedSubChannelType(_UniformBase):
             self.expressed,
             self.block_sizes,
             self.scales.shape,
-            tuple(self.scales.flat),
-            tuple(int(z) for z in self.zero_points.flat),
+            self.scales.tobytes(),
+            self.zero_points.tobytes(),
         )
 
     def __str__(self) -> str:

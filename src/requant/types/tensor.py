@@ -20,7 +20,7 @@ from requant.types.quantized import (
 )
 from requant.types.syntax import Parser
 
-__all__ = ["TensorType", "parse_tensor_type", "verify_cast", "verify_container"]
+__all__ = ["TensorType", "parse_tensor_type", "verify_blocks", "verify_cast", "verify_container"]
 
 _INTEGER = re.compile(r"(si|ui|i)([1-9][0-9]*)")
 Element = QuantizedType | str
@@ -142,10 +142,11 @@ def verify_container(t: TensorType) -> None:
             raise QuantTypeError("scalar types may not use sub-channel quantization")
         if t.shape is None:
             raise QuantTypeError("tensor containing the sub-channel quantized type must be ranked")
-        _verify_blocks(q, t.shape)
+        verify_blocks(q, t.shape)
 
 
-def _verify_blocks(q: UniformQuantizedSubChannelType, shape: tuple[int | None, ...]) -> None:
+def verify_blocks(q: UniformQuantizedSubChannelType, shape: tuple[int | None, ...]) -> None:
+    """Check a sub-channel type's blocks and scale grid against a ranked shape (None: dynamic)."""
     if q.scales.ndim != len(shape):
         raise QuantTypeError(f"Rank of scales {q.scales.ndim} must match the rank of the tensor {len(shape)}")
     if any(d == 0 for d in shape):
