@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from requant.cli import type_cmd
+from requant.cli import opt_cmd, type_cmd
 from requant.errors import RequantError
 
 __all__ = ["main"]
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="requant", description="requant: a post-training quantization compiler.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     type_cmd.register(commands)
+    opt_cmd.register(commands)
     return parser
 
 

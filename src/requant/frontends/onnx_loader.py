@@ -1,0 +1,198 @@
+"""The ONNX front door: load a model from a path, bytes, text or ``ModelProto``; save one safely.
+
+Loading never modifies the input. Every failure is a :class:`LoadError` that
+names the input and says what was wrong. Weights in external data files stay
+memory-mapped (onnx-ir's lazy external tensors), so large models load fast and
+small.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from requant.errors import RequantError
+from requant.ir.annotations import load_annotations
+
+__all__ = [
+    "KNOWN_DOMAINS",
+    "MIN_OPSET",
+    "WORKING_OPSET",
+    "LoadError",
+    "SaveError",
+    "load_onnx",
+    "load_onnx_text",
+    "save_onnx",
+]
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 11  # the oldest default-domain opset requant takes as it is
+WORKING_OPSET = 13  # older models are converted up to this one (per-axis QDQ needs 13)
+KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training"})
+TEXT_SUFFIXES = (".onnxtxt", ".txt")
+_EXTERNAL_THRESHOLD = 1 << 30  # save weights to external data past 1 GiB (protobuf stops at 2 GiB)
+
+
+class LoadError(RequantError):
+    """A model could not be loaded; the message names the input."""
+
+
+class SaveError(RequantError):
+    """A model could not be saved; nothing was written at the destination."""
+
+
+def _describe(source: object) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return f"'{os.fspath(source)}'"
+    if isinstance(source, (bytes, bytearray)):
+        return f"the {len(source)}-byte model"
+    return "the model"
+
+
+def load_onnx_text(text: str, name: str = "the text model") -> ir.Model:
+    """A model written in ONNX's text syntax (``onnx.parser``), as tests and bug reports use."""
+    try:
+        proto = onnx.parser.parse_model(text)
+    except onnx.parser.ParseError as exc:
+        raise LoadError(f"could not parse {name} as ONNX text syntax: {exc}") from None
+    return _finish(proto, name, path=None)
+
+
+def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
+    """Load an ONNX model from a file path, serialized bytes, a ``ModelProto`` or an onnx-ir model.
+
+    A path ending in ``.onnxtxt`` or ``.txt`` is read as ONNX text syntax.
+    """
+    what = _describe(source)
+    if isinstance(source, ir.Model):
+        load_annotations(source)
+        return source
+    if isinstance(source, onnx.ModelProto):
+        return _finish(source, what, path=None)
+    if isinstance(source, (bytes, bytearray)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(source))
+        except DecodeError as exc:
+            raise LoadError(f"could not parse {what} as an ONNX model (corrupt or not ONNX): {exc}") from None
+        return _finish(proto, what, path=None)
+    if not isinstance(source, (str, os.PathLike)):
+        raise LoadError(f"cannot load a {type(source).__name__}: give a path, bytes, an onnx.ModelProto or ir.Model")
+    path = Path(source)
+    if not path.is_file():
+        raise LoadError(f"no model file at {what}")
+    if path.suffix in TEXT_SUFFIXES:
+        return load_onnx_text(path.read_text(), what)
+    try:
+        proto = onnx.load(os.fspath(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise LoadError(f"could not parse {what} as an ONNX model (corrupt or not ONNX): {exc}") from None
+    _check_external_data(proto, path.parent, what)
+    return _finish(proto, what, path=path)
+
+
+def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    found = []
+    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            found.append(tensor)
+    return found
+
+
+def _check_external_data(proto: onnx.ModelProto, base: Path, what: str) -> None:
+    for tensor in _external_tensors(proto):
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if not location or not target.is_file():
+            raise LoadError(
+                f"{what}: initializer '{tensor.name}' keeps its data in '{location}', "
+                f"which is missing next to the model (looked for {target})"
+            )
+        end = int(info.get("offset", "0")) + int(info.get("length", "0"))
+        if end > target.stat().st_size:
+            raise LoadError(
+                f"{what}: initializer '{tensor.name}' needs bytes up to {end} of '{location}', "
+                f"which has only {target.stat().st_size}"
+            )
+
+
+def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise LoadError(f"{what} imports no version of the default ONNX domain")
+    local = {f.domain for f in proto.functions}
+    unknown = sorted({n.domain for n in proto.graph.node} - KNOWN_DOMAINS - local)
+    if unknown:
+        nodes = [f"'{n.name or n.op_type}' ({n.domain}.{n.op_type})" for n in proto.graph.node if n.domain in unknown]
+        raise LoadError(
+            f"{what} uses operators from unknown domain(s) {', '.join(repr(d) for d in unknown)}: "
+            f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}; requant knows {sorted(KNOWN_DOMAINS)}"
+        )
+    try:
+        if path is not None:  # the checker resolves external data (and > 2 GB models) from the path
+            onnx.checker.check_model(os.fspath(path), full_check=False)
+        else:
+            onnx.checker.check_model(proto, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise LoadError(f"{what} fails ONNX's checker: {first}") from None
+    if opset < WORKING_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, WORKING_OPSET)
+        except Exception as exc:  # the converter raises bare RuntimeErrors and more
+            raise LoadError(
+                f"{what} uses opset {opset}; requant needs {MIN_OPSET} or newer and could not convert it "
+                f"to {WORKING_OPSET}: {exc}"
+            ) from None
+        log.info("%s: converted from opset %d to opset %d with ONNX's version converter", what, opset, WORKING_OPSET)
+    model = ir.serde.deserialize_model(proto)
+    if path is not None:
+        ir.external_data.set_base_dir(model.graph, path.parent)
+    load_annotations(model)
+    return model
+
+
+def save_onnx(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+    """Write ``model`` to ``path`` whole or not at all (a temporary file, then a rename).
+
+    Weights go to ``<name>.data`` next to the model when ``external_data`` is
+    True, or when it is None and the weights exceed 1 GiB or already came from
+    external data.
+    """
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise SaveError(f"cannot save to '{target}': the folder '{target.parent}' does not exist")
+    if external_data is None:
+        external_data = _has_external(model) or _weight_bytes(model) > _EXTERNAL_THRESHOLD
+    data_name = target.name + ".data"
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".requant-save-", dir=target.parent))
+    try:
+        tmp_model = tmp_dir / target.name
+        if external_data:
+            ir.save(model, tmp_model, external_data=data_name)
+            os.replace(tmp_dir / data_name, target.parent / data_name)
+        else:
+            ir.save(model, tmp_model)
+        os.replace(tmp_model, target)
+    except OSError as exc:
+        raise SaveError(f"could not save the model to '{target}': {exc}") from None
+    finally:
+        for leftover in tmp_dir.iterdir():
+            leftover.unlink()
+        tmp_dir.rmdir()
+
+
+def _has_external(model: ir.Model) -> bool:
+    return any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)

@@ -1,0 +1,184 @@
+"""Quantized-type annotations on onnx-ir values, through typed functions.
+
+An annotation says "this value is quantized with this ``!quant`` type". It
+lives in ``value.meta`` (the parsed object, while a pipeline runs) and is
+mirrored as MLIR text into ``value.metadata_props["requant.type"]``, so a saved
+model keeps it and :func:`load_annotations` brings it back after a reload.
+
+onnx-ir does not carry metadata over when a rewrite replaces a value: use
+:func:`replace_value` (or :func:`transfer_annotation`) in passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+from requant.errors import QuantTypeError, RequantError
+from requant.types import FLOAT_FORMATS, QuantizedType, TensorType, parse_type, verify_container
+
+__all__ = [
+    "ELEMENT_NAMES",
+    "PROP_KEY",
+    "AnnotationError",
+    "check_annotation",
+    "element_name",
+    "iter_values",
+    "load_annotations",
+    "quant_type",
+    "replace_value",
+    "set_quant_type",
+    "tensor_type_of",
+    "transfer_annotation",
+]
+
+PROP_KEY = "requant.type"
+_META_KEY = "requant.quant_type"
+
+# ONNX element types in MLIR's spelling (the ones a quantized type can describe).
+ELEMENT_NAMES: dict[ir.DataType, str] = {
+    ir.DataType.FLOAT: "f32",
+    ir.DataType.FLOAT16: "f16",
+    ir.DataType.BFLOAT16: "bf16",
+    ir.DataType.DOUBLE: "f64",
+    ir.DataType.FLOAT8E4M3FN: "f8E4M3FN",
+    ir.DataType.FLOAT8E4M3FNUZ: "f8E4M3FNUZ",
+    ir.DataType.FLOAT8E5M2: "f8E5M2",
+    ir.DataType.FLOAT8E5M2FNUZ: "f8E5M2FNUZ",
+    ir.DataType.FLOAT4E2M1: "f4E2M1FN",
+    ir.DataType.INT8: "i8",
+    ir.DataType.UINT8: "u8",
+    ir.DataType.INT16: "i16",
+    ir.DataType.UINT16: "u16",
+    ir.DataType.INT32: "i32",
+    ir.DataType.UINT32: "u32",
+    ir.DataType.INT64: "i64",
+    ir.DataType.UINT64: "u64",
+    ir.DataType.INT4: "i4",
+    ir.DataType.UINT4: "u4",
+    ir.DataType.BOOL: "i1",
+}
+
+
+class AnnotationError(RequantError):
+    """An annotation does not fit its value (dtype, rank, shape)."""
+
+
+def element_name(dtype: ir.DataType | None) -> str | None:
+    """MLIR's spelling of an ONNX element type, or None when it has none here."""
+    return None if dtype is None else ELEMENT_NAMES.get(dtype)
+
+
+def tensor_type_of(value: ir.Value, element: QuantizedType | str | None = None) -> TensorType:
+    """The value's type as a ``TensorType`` (symbolic and unknown dimensions are dynamic)."""
+    if element is None:
+        element = element_name(value.dtype) or "?"
+    if value.shape is None:
+        return TensorType(element, None, "unranked")
+    dims = tuple(d if isinstance(d, int) else None for d in value.shape)
+    return TensorType(element, dims, "ranked")
+
+
+def check_annotation(value: ir.Value, t: QuantizedType) -> None:
+    """Raise :class:`AnnotationError` unless ``t`` can describe ``value``.
+
+    A float value must have ``t``'s expressed type; an integer value (stored
+    values) must have its storage width and signedness. Per-axis and
+    sub-channel types must satisfy the integrity rules against the shape.
+    """
+    dtype = element_name(value.dtype)
+    where = f"value '{value.name}'"
+    if dtype in FLOAT_FORMATS:
+        expressed = t.expressed  # type: ignore[attr-defined]  # every quantized type has one (Any: maybe None)
+        if expressed is not None and expressed != dtype:
+            raise AnnotationError(f"{where} is {dtype} but its annotation {t} expresses {expressed}")
+    elif dtype is not None:
+        storage = getattr(t, "storage", None)
+        if storage != dtype:
+            raise AnnotationError(f"{where} holds {dtype} values but its annotation {t} does not store {dtype}")
+    try:
+        verify_container(tensor_type_of(value, t))
+    except QuantTypeError as exc:
+        raise AnnotationError(f"{where} of type {tensor_type_of(value)}: annotation {t}: {exc}") from None
+
+
+def quant_type(value: ir.Value) -> QuantizedType | None:
+    """The value's quantized type, or None."""
+    t = value.meta.get(_META_KEY)
+    return t if isinstance(t, QuantizedType) else None
+
+
+def set_quant_type(value: ir.Value, t: QuantizedType | None) -> None:
+    """Annotate ``value`` with ``t`` (checked against it); None removes the annotation."""
+    if t is None:
+        value.meta.pop(_META_KEY, None)
+        value.metadata_props.pop(PROP_KEY, None)
+        return
+    if not isinstance(t, QuantizedType):
+        raise TypeError(f"expected a quantized type from requant.types, got {type(t).__name__}")
+    check_annotation(value, t)
+    value.meta[_META_KEY] = t
+    value.metadata_props[PROP_KEY] = str(t)
+
+
+def transfer_annotation(source: ir.Value, target: ir.Value) -> None:
+    """Give ``target`` the annotation of ``source`` (if any)."""
+    t = quant_type(source)
+    if t is not None:
+        set_quant_type(target, t)
+
+
+def replace_value(old: ir.Value, new: ir.Value) -> None:
+    """Replace every use of ``old`` by ``new``, graph outputs included, keeping what is known.
+
+    ``new`` gets ``old``'s annotation, type and shape where it has none. If
+    ``old`` is a graph output, ``new`` takes its place there and its name, so
+    the model's interface does not change; an unnamed ``new`` takes the name too.
+    """
+    if quant_type(new) is None:
+        transfer_annotation(old, new)
+    was_output = old.is_graph_output()
+    if new.type is None:  # what is known of the old value stays known
+        new.type = old.type
+    if new.shape is None:
+        new.shape = old.shape
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if (was_output or not new.name) and old.name:  # the surviving value keeps the name users know
+        name = old.name
+        old.name = None
+        new.name = name
+
+
+def iter_values(graph: ir.Graph | ir.Function) -> Iterator[ir.Value]:
+    """Every value of a graph and its subgraphs: inputs, initializers, node outputs."""
+    yield from graph.inputs
+    if isinstance(graph, ir.Graph):
+        yield from graph.initializers.values()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        yield from node.outputs
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from attr.as_graph().inputs
+                yield from attr.as_graph().initializers.values()
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.as_graphs():
+                    yield from sub.inputs
+                    yield from sub.initializers.values()
+
+
+def load_annotations(model: ir.Model) -> int:
+    """Parse ``requant.type`` metadata back into annotations (after loading); returns the count."""
+    count = 0
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for value in iter_values(graph):
+            text = value.metadata_props.get(PROP_KEY)
+            if text is None:
+                continue
+            try:
+                set_quant_type(value, parse_type(text))
+            except QuantTypeError as exc:
+                raise AnnotationError(f"value '{value.name}' has an invalid {PROP_KEY} {text!r}: {exc}") from None
+            count += 1
+    return count

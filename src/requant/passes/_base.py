@@ -1,0 +1,51 @@
+"""The base of requant's passes."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import onnx_ir as ir
+
+__all__ = ["NodeRewrite", "Pass"]
+
+
+class Pass(ir.passes.InPlacePass):
+    """An in-place pass over an onnx-ir model.
+
+    Subclasses set ``name`` (the file name with dashes) and say whether they
+    recurse into subgraphs (``If``/``Loop``/``Scan`` bodies) and local
+    functions; their docstring states the invariant that holds afterwards,
+    with a short before/after. ``requires`` and ``ensures`` (from onnx-ir's
+    pass base) check pre- and postconditions.
+    """
+
+    name: ClassVar[str]
+    recurses_into_subgraphs: ClassVar[bool]
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name}>"
+
+
+class NodeRewrite(Pass):
+    """A pass that visits every node of one standard op type and may rewrite it.
+
+    Subclasses set ``op_type`` and implement ``rewrite(node) -> bool`` (True if
+    it changed the model). Visits the main graph and its subgraphs, and local
+    functions too when ``include_functions`` is set.
+    """
+
+    op_type: ClassVar[str]
+    include_functions: ClassVar[bool] = False
+    recurses_into_subgraphs = True
+
+    def rewrite(self, node: ir.Node) -> bool:
+        raise NotImplementedError
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        from requant.passes._rewrite import all_nodes, is_op
+
+        modified = False
+        for node in all_nodes(model, functions=self.include_functions):
+            if is_op(node, self.op_type) and node.graph is not None:
+                modified |= self.rewrite(node)
+        return ir.passes.PassResult(model, modified)

@@ -1,0 +1,85 @@
+"""Small rewrite helpers shared by passes: constants, new initializers, bypassing a node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+import onnx_ir as ir
+
+from requant.ir.annotations import replace_value
+
+__all__ = ["DEFAULT_DOMAINS", "adopt_name", "all_nodes", "bypass", "constant", "is_op", "new_initializer"]
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def is_op(node: ir.Node, op_type: str) -> bool:
+    """Whether ``node`` is the standard ONNX operator ``op_type``."""
+    return node.op_type == op_type and node.domain in DEFAULT_DOMAINS
+
+
+def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
+    """Nodes of the main graph and every subgraph, and of local functions if asked.
+
+    A snapshot: safe to rewrite while iterating.
+    """
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *(model.functions.values() if functions else ())]
+    return iter([node for graph in graphs for node in ir.traversal.RecursiveGraphIterator(graph)])
+
+
+def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
+    """The value's data if it is a constant (an initializer or a ``Constant`` node's output)."""
+    if value is None:
+        return None
+    if value.const_value is not None and (value.is_initializer() or value.producer() is None):
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and is_op(producer, "Constant") and "value" in producer.attributes:
+        tensor = producer.attributes["value"].as_tensor()
+        return tensor.numpy()
+    return None
+
+
+def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.generic]) -> ir.Value:
+    """Register ``array`` as an initializer of ``graph`` under a name not used there yet."""
+    taken = (
+        set(graph.initializers) | {v.name for v in graph.inputs} | {o.name for n in graph for o in n.outputs if o.name}
+    )
+    name, i = base_name, 1
+    while name in taken:
+        name, i = f"{base_name}_{i}", i + 1
+    tensor = ir.Tensor(np.ascontiguousarray(array), name=name)
+    value = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def adopt_name(old: ir.Value, new: ir.Value) -> None:
+    """Give ``new`` (a fresh node's output, before insertion) the name of the ``old`` value it replaces.
+
+    Otherwise the graph names it ``val_N`` on insertion, and users lose the name they know.
+    """
+    name = old.name
+    old.name = None
+    new.name = name
+
+
+def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:
+    """Remove ``node`` by wiring its output to its input (keeping annotations); False if not safe.
+
+    Not safe when the output is a graph output and the input is a graph input, another
+    graph output or an initializer: renaming it would change the model's interface.
+    """
+    graph = node.graph
+    source, result = node.inputs[input_index], node.outputs[output_index]
+    if graph is None or source is None:
+        return False
+    if result.is_graph_output() and (source.is_graph_input() or source.is_graph_output() or source.is_initializer()):
+        return False
+    if any(o.uses() or o.is_graph_output() for i, o in enumerate(node.outputs) if i != output_index):
+        return False
+    replace_value(result, source)
+    graph.remove(node, safe=True)
+    return True

@@ -1,0 +1,20 @@
+"""``canonicalize``: the clean-up every model gets before quantization, in this fixed order.
+
+Constants first (so folding and batch-norm folding see initializers), then the
+removals that expose patterns, then the folds (with shapes inferred, since the
+MatMul patterns need ranks), then per-consumer dequantize, names, and shapes
+again last (so every value the later stages see has a name, a type and a shape).
+"""
+
+PIPELINE = [
+    "constants-to-initializers",
+    "remove-identity",
+    "remove-dropout",
+    "fold-constants",
+    "infer-shapes",
+    "fold-batchnorm",
+    "fuse-matmul-add",
+    "dequantize-per-consumer",
+    "unique-names",
+    "infer-shapes",
+]

@@ -1,0 +1,39 @@
+"""``unique-names``: every value and node gets a name, unique in the model.
+
+onnx-ir saves duplicate value names without complaint, and ONNX Runtime then
+fails or mis-wires the model; this pass fixes names before export. Graph
+inputs and outputs keep theirs. Recurses into subgraphs and local functions.
+
+Invariant after: no two values (or nodes) share a name, and none is empty.
+
+Before::
+
+    %_0: tensor<2xf32> = Relu(%X)
+    %A: tensor<2xf32> = Neg(%_0)
+
+After::
+
+    %val_0: tensor<2xf32> = Relu(%X) loc("node_Relu_0")
+    %A: tensor<2xf32> = Neg(%val_0) loc("node_Neg_1")
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnx_ir.passes.common import NameFixPass
+
+from requant.passes._base import Pass
+
+__all__ = ["PASS", "UniqueNames"]
+
+
+class UniqueNames(Pass):
+    name = "unique-names"
+    recurses_into_subgraphs = True
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        result = NameFixPass()(model)
+        return ir.passes.PassResult(model, result.modified)
+
+
+PASS = UniqueNames

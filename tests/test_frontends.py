@@ -1,0 +1,124 @@
+"""The ONNX front door and saving: each failure names the input, nothing partial is written."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from requant.frontends import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx
+
+
+def _model(
+    opset: int = 17, nodes: list[onnx.NodeProto] | None = None, domain_imports: list[tuple[str, int]] = ()
+) -> onnx.ModelProto:  # type: ignore[assignment]
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "W")
+    graph = helper.make_graph(
+        nodes or [helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])],
+        [w],
+    )
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in domain_imports]
+    return helper.make_model(graph, opset_imports=imports)
+
+
+def test_loads_paths_bytes_and_protos(tmp_path: Path) -> None:
+    proto = _model()
+    onnx.save(proto, tmp_path / "m.onnx")
+    for source in (tmp_path / "m.onnx", str(tmp_path / "m.onnx"), proto.SerializeToString(), proto):
+        model = load_onnx(source)
+        assert [n.op_type for n in model.graph] == ["MatMul"]
+        assert str(model.graph.inputs[0].shape) == "[N,3]"  # the symbolic batch is kept
+
+
+def test_external_data_stays_external_and_mapped(tmp_path: Path) -> None:
+    onnx.save(_model(), tmp_path / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    model = load_onnx(tmp_path / "m.onnx")
+    weight = model.graph.initializers["W"].const_value
+    assert type(weight).__name__ == "ExternalTensor"
+    out = tmp_path / "out"
+    out.mkdir()
+    save_onnx(model, out / "q.onnx")
+    assert sorted(os.listdir(out)) == ["q.onnx", "q.onnx.data"]
+    assert np.array_equal(load_onnx(out / "q.onnx").graph.initializers["W"].const_value.numpy(), weight.numpy())
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing.onnx", "no model file at '.*missing.onnx'"),
+        (
+            lambda p: (p / "bad.onnx").write_bytes(b"\x08\x07\x12garbage") and p / "bad.onnx",
+            "could not parse '.*bad.onnx' as an ONNX model",
+        ),
+    ],
+)
+def test_bad_files(tmp_path: Path, make: object, message: str) -> None:
+    with pytest.raises(LoadError, match=message):
+        load_onnx(make(tmp_path))  # type: ignore[operator]
+
+
+def test_missing_external_data_names_the_initializer(tmp_path: Path) -> None:
+    onnx.save(_model(), tmp_path / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").unlink()
+    with pytest.raises(LoadError, match="initializer 'W' keeps its data in 'w.bin', which is missing"):
+        load_onnx(tmp_path / "m.onnx")
+
+
+def test_truncated_external_data(tmp_path: Path) -> None:
+    onnx.save(_model(), tmp_path / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").write_bytes(b"\x00" * 8)
+    with pytest.raises(LoadError, match="needs bytes up to 48 of 'w.bin', which has only 8"):
+        load_onnx(tmp_path / "m.onnx")
+
+
+def test_unknown_domain_names_the_node() -> None:
+    node = helper.make_node("Frobnicate", ["X"], ["Y"], domain="my.ops", name="frob_1")
+    with pytest.raises(LoadError, match=r"unknown domain\(s\) 'my.ops': 'frob_1' \(my.ops.Frobnicate\)"):
+        load_onnx(_model(nodes=[node], domain_imports=[("my.ops", 1)]))
+
+
+def test_checker_failures_are_reported() -> None:
+    node = helper.make_node("Relu", ["X", "X"], ["Y"])
+    with pytest.raises(LoadError, match="fails ONNX's checker: .*input size 2"):
+        load_onnx(_model(nodes=[node]))
+
+
+def test_old_opsets_are_converted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    node = helper.make_node("Relu", ["X"], ["R"])
+    mm = helper.make_node("MatMul", ["R", "W"], ["Y"])
+    with caplog.at_level(logging.INFO, logger="requant"):
+        model = load_onnx(_model(opset=9, nodes=[node, mm]))
+    assert model.opset_imports[""] == 13
+    assert "converted from opset 9 to opset 13" in caplog.text
+
+
+def test_text_syntax_errors() -> None:
+    with pytest.raises(LoadError, match="could not parse the text model as ONNX text syntax"):
+        load_onnx_text("<ir_version: 10> g (float X) => (float Y) { Y = Relu(X ")
+
+
+def test_save_is_whole_or_nothing(tmp_path: Path) -> None:
+    model = load_onnx(_model())
+    with pytest.raises(SaveError, match="folder .* does not exist"):
+        save_onnx(model, tmp_path / "nope" / "m.onnx")
+    target = tmp_path / "m.onnx"
+    target.write_bytes(b"previous")
+    (tmp_path / "m.onnx").chmod(0o644)
+    save_onnx(model, target)
+    assert load_onnx(target).graph.node(0).op_type == "MatMul"
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]  # no temporary left behind
+
+
+def test_loading_does_not_touch_the_input(tmp_path: Path) -> None:
+    onnx.save(_model(opset=9, nodes=[helper.make_node("MatMul", ["X", "W"], ["Y"])]), tmp_path / "m.onnx")
+    before = (tmp_path / "m.onnx").read_bytes()
+    load_onnx(tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").read_bytes() == before
