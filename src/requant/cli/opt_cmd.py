@@ -1,7 +1,7 @@
-"""``requant opt IN -p PIPELINE [-o OUT]``: run passes on a model, like LLVM's ``opt``.
+"""requant opt IN -p PIPELINE [-o OUT]: run passes on a model, like LLVM's opt.
 
-``IN`` is an ONNX file, a model in ONNX text syntax (``.onnxtxt``/``.txt``), or
-``-`` for text on standard input. Without ``-o`` the resulting IR is printed.
+IN is an ONNX file, a model in ONNX text syntax (.onnxtxt, .txt), or - for text
+on standard input. Without -o the resulting IR is printed on standard output.
 """
 
 from __future__ import annotations
