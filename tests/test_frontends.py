@@ -122,3 +122,17 @@ def test_loading_does_not_touch_the_input(tmp_path: Path) -> None:
     before = (tmp_path / "m.onnx").read_bytes()
     load_onnx(tmp_path / "m.onnx")
     assert (tmp_path / "m.onnx").read_bytes() == before
+
+
+def test_torch_is_imported_only_for_pytorch_models() -> None:
+    import subprocess
+    import sys
+
+    text = '<ir_version: 10, opset_import: [\"\" : 21]> g (float X) => (float Y) { Y = Relu(X) }'
+    code = (
+        "import sys, requant, requant.frontends, requant.passes, requant.cli;"
+        f"requant.frontends.load_onnx_text('{text}');"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,6 +1,23 @@
 """requant: a post-training quantization compiler for neural networks."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from requant.errors import QuantTypeError, RequantError
 
-__all__ = ["QuantTypeError", "RequantError", "__version__"]
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+__all__ = ["QuantTypeError", "RequantError", "__version__", "load"]
 __version__ = "0.1.0"
+
+
+def load(source: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> ir.Model:
+    """Load a model (ONNX file, bytes, ``ModelProto``, or a PyTorch module with ``example_inputs``).
+
+    See :func:`requant.frontends.load`; imported lazily so ``import requant`` stays light.
+    """
+    from requant.frontends import load as _load
+
+    return _load(source, example_inputs, dynamic_shapes)

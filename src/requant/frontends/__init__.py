@@ -1,5 +1,43 @@
 """Front doors: everything a model can arrive as becomes one onnx-ir model here."""
 
-from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx
+from __future__ import annotations
 
-__all__ = ["LoadError", "SaveError", "load_onnx", "load_onnx_text", "save_onnx"]
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx
+from requant.frontends.torch_loader import load_torch, module_class, module_path
+
+__all__ = [
+    "LoadError",
+    "SaveError",
+    "load",
+    "load_onnx",
+    "load_onnx_text",
+    "load_torch",
+    "module_class",
+    "module_path",
+    "save_onnx",
+]
+
+
+def load(
+    source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model | Any,
+    example_inputs: Sequence[Any] | Any | None = None,
+    dynamic_shapes: Mapping[str, Any] | Sequence[Any] | None = None,
+) -> ir.Model:
+    """Load a model from wherever it comes: an ONNX file, bytes or proto, or a PyTorch module.
+
+    A PyTorch module needs ``example_inputs`` (and may take ``dynamic_shapes``).
+    """
+    if hasattr(source, "forward") and hasattr(source, "parameters"):
+        if example_inputs is None:
+            raise LoadError(f"loading the PyTorch module {type(source).__name__} needs example_inputs=")
+        return load_torch(source, example_inputs, dynamic_shapes)
+    if example_inputs is not None or dynamic_shapes is not None:
+        raise LoadError("example_inputs and dynamic_shapes are for PyTorch modules, not ONNX models")
+    return load_onnx(source)

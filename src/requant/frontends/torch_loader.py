@@ -1,0 +1,113 @@
+"""The PyTorch front door: ``torch.onnx.export(dynamo=True)``, keeping each node's module path and class.
+
+torch is an optional dependency (``pip install 'requant[torch]'``), imported here
+only. The module is exported in eval mode (its training flag is restored
+afterwards) and without the exporter's own graph optimizer, so that requant's
+passes (``canonicalize``) do the folding and each node keeps the module it
+came from: the exporter's optimizer folds a BatchNorm into its Conv and then
+labels the Conv with the BatchNorm's module.
+
+Every node gets, in its ``metadata_props``:
+
+``requant.module_path``
+    the dotted path of the innermost module that ran it (``features.0.conv``;
+    ``""`` for the root module), functional calls included (an ``F.relu``
+    inside ``features.0`` belongs to ``features.0``);
+``requant.module_class``
+    that module's class, fully qualified (``torch.nn.modules.conv.Conv2d``).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from requant.frontends.onnx_loader import LoadError
+from requant.ir.annotations import load_annotations
+
+__all__ = ["MODULE_CLASS_KEY", "MODULE_PATH_KEY", "load_torch", "module_class", "module_path"]
+
+log = logging.getLogger(__name__)
+
+MODULE_PATH_KEY = "requant.module_path"
+MODULE_CLASS_KEY = "requant.module_class"
+_SCOPES = "pkg.torch.onnx.name_scopes"
+_CLASSES = "pkg.torch.onnx.class_hierarchy"
+
+
+def module_path(node: ir.Node) -> str | None:
+    """The module path recorded for ``node`` by the PyTorch front door, or None."""
+    return node.metadata_props.get(MODULE_PATH_KEY)
+
+
+def module_class(node: ir.Node) -> str | None:
+    """The module class recorded for ``node`` by the PyTorch front door, or None."""
+    return node.metadata_props.get(MODULE_CLASS_KEY)
+
+
+def _record_modules(model: ir.Model) -> int:
+    count = 0
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        scopes_text, classes_text = node.metadata_props.get(_SCOPES), node.metadata_props.get(_CLASSES)
+        if scopes_text is None or classes_text is None:
+            continue
+        scopes, classes = ast.literal_eval(scopes_text), ast.literal_eval(classes_text)
+        # the last entry is the aten op itself; the one before it is the innermost module
+        if len(scopes) >= 2 and len(classes) >= 2:
+            node.metadata_props[MODULE_PATH_KEY] = scopes[-2]
+            node.metadata_props[MODULE_CLASS_KEY] = classes[-2]
+            count += 1
+    return count
+
+
+def load_torch(
+    module: Any,
+    example_inputs: Sequence[Any] | Any,
+    dynamic_shapes: Mapping[str, Any] | Sequence[Any] | None = None,
+) -> ir.Model:
+    """Export a ``torch.nn.Module`` with ``torch.onnx.export(dynamo=True)`` and return it as requant's IR.
+
+    ``example_inputs`` is a tensor or a tuple of tensors; ``dynamic_shapes``
+    follows ``torch.export`` (e.g. ``({0: torch.export.Dim("batch")},)``).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise LoadError(
+            "loading a PyTorch module needs PyTorch: pip install 'requant[torch]' (torch==2.13.0)"
+        ) from None
+    if not isinstance(module, torch.nn.Module):
+        raise LoadError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    name = type(module).__name__
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    was_training = module.training
+    module.eval()
+    try:
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,  # type: ignore[arg-type]
+            optimize=False,
+            verbose=False,
+            report=False,
+        )
+    except Exception as exc:  # the exporter raises many kinds; the user needs its message
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        detail = "\n  ".join(lines[:12]) + ("\n  ..." if len(lines) > 12 else "")
+        raise LoadError(
+            f"torch.onnx.export (dynamo) failed for module {name}: {type(exc).__name__}:\n  {detail}"
+        ) from None
+    finally:
+        module.train(was_training)
+    if program is None:  # pragma: no cover - dynamo=True always returns a program
+        raise LoadError(f"torch.onnx.export returned nothing for module {name}")
+    model: ir.Model = program.model
+    recorded = _record_modules(model)
+    load_annotations(model)
+    log.info("exported %s: %d nodes, %d with module paths", name, sum(1 for _ in model.graph), recorded)
+    return model
