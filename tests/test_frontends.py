@@ -128,7 +128,7 @@ def test_torch_is_imported_only_for_pytorch_models() -> None:
     import subprocess
     import sys
 
-    text = '<ir_version: 10, opset_import: [\"\" : 21]> g (float X) => (float Y) { Y = Relu(X) }'
+    text = '<ir_version: 10, opset_import: ["" : 21]> g (float X) => (float Y) { Y = Relu(X) }'
     code = (
         "import sys, requant, requant.frontends, requant.passes, requant.cli;"
         f"requant.frontends.load_onnx_text('{text}');"

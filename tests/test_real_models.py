@@ -1,0 +1,121 @@
+"""Real models through the front door: load, canonicalize, verify, print, save, reload, same outputs in ONNX Runtime.
+
+MobileNetV2 and EfficientNet-Lite0 with ImageNet weights, all-MiniLM-L6-v2, and (in
+test_torch_frontend) the digits CNN. The packages are installed by the test command
+(requirements/models.txt); these tests are marked ``models``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import requant
+from requant.frontends import load_onnx, module_path, save_onnx
+from requant.ir import print_model
+from requant.ir.verifier import verify_model
+from requant.passes import get_passes, run_passes
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.models
+
+
+def sample_images() -> np.ndarray:
+    """scikit-learn's two natural photos, resized (shorter side 256) and center-cropped to 224, ImageNet-normalized."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    out = []
+    for photo in load_sample_images().images:
+        image = Image.fromarray(photo)
+        scale = 256 / min(image.size)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BILINEAR)
+        left, top = (image.width - 224) // 2, (image.height - 224) // 2
+        crop = np.asarray(image.crop((left, top, left + 224, top + 224)), dtype=np.float32) / 255.0
+        crop = (crop - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+        out.append(crop.transpose(2, 0, 1))
+    return np.stack(out).astype(np.float32)
+
+
+def through_requant(model: ir.Model, tmp_path: Path) -> ir.Model:
+    model, _ = run_passes(model, get_passes("canonicalize"))
+    verify_model(model)
+    text = print_model(model)
+    assert text.startswith("module ir_version=") and "BatchNormalization" not in text
+    save_onnx(model, tmp_path / "model.onnx")
+    again = load_onnx(tmp_path / "model.onnx")
+    verify_model(again)
+    return again
+
+
+def ort_outputs(model: ir.Model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString())
+    return np.asarray(session.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0"])
+def test_image_classifiers(name: str, tmp_path: Path) -> None:
+    from tests.models.efficientnet import make_efficientnet_lite0
+    from tests.models.mobilenet import make_mobilenet_v2
+
+    make: Callable[[], Any] = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[name]
+    net = make()
+    x = sample_images()
+    batch = torch.export.Dim("batch")
+    model = requant.load(net, example_inputs=(torch.from_numpy(x),), dynamic_shapes=({0: batch},))
+    assert any(module_path(n) for n in model.graph)
+    model = through_requant(model, tmp_path)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    got = ort_outputs(model, {model.graph.inputs[0].name: x})
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=2e-4)
+    assert np.array_equal(got.argmax(1), expected.argmax(1))
+
+
+def test_the_two_classifiers_agree_on_the_photos() -> None:
+    # both carry real ImageNet weights, trained apart: their top-5 classes overlap on every photo
+    # (random or mis-loaded weights would not)
+    from tests.models.efficientnet import make_efficientnet_lite0
+    from tests.models.mobilenet import make_mobilenet_v2
+
+    x = torch.from_numpy(sample_images())
+    with torch.no_grad():
+        a = make_mobilenet_v2()(x).topk(5).indices.tolist()
+        b = make_efficientnet_lite0()(x).topk(5).indices.tolist()
+    assert all(set(pa) & set(pb) for pa, pb in zip(a, b, strict=True)), (a, b)
+
+
+def test_minilm_sentence_encoder(tmp_path: Path) -> None:
+    from tests.models.minilm import make_minilm, tokenize
+
+    net = make_minilm()
+    sentences = [
+        "A man is playing a guitar.",
+        "Someone plays the guitar on stage.",
+        "The stock market fell sharply today.",
+    ]
+    ids, mask = tokenize(sentences)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    # a real encoder: the two guitar sentences are close, the market one is not
+    assert expected[0] @ expected[1] > 0.5 > expected[0] @ expected[2]
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
+    model = requant.load(
+        net,
+        example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)),
+        dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+    )
+    model = through_requant(model, tmp_path)
+    assert [str(d) for d in model.graph.inputs[0].shape] == ["batch", "sequence"]
+    # other lengths than the example's, through the symbolic sequence dimension
+    ids2, mask2 = tokenize([*sentences[:2], "Short."], length=64)
+    with torch.no_grad():
+        expected2 = net(torch.from_numpy(ids2), torch.from_numpy(mask2)).numpy()
+    got = ort_outputs(model, {model.graph.inputs[0].name: ids2, model.graph.inputs[1].name: mask2})
+    np.testing.assert_allclose(got, expected2, rtol=1e-4, atol=1e-5)
