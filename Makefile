@@ -28,6 +28,7 @@ test: lint
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_casts.py
+	$(VENV)/bin/python bench/bench_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
