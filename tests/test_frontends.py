@@ -136,3 +136,31 @@ def test_torch_is_imported_only_for_pytorch_models() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_models_above_2gb_load_and_canonicalize_without_reading_weights(tmp_path: Path) -> None:
+    # a 2.6 GB weight in a sparse external data file: no disk used, and requant must not read it
+    from requant.ir import print_model
+    from requant.passes import get_passes, run_passes
+
+    n = 25600
+    weight = onnx.TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[n, n])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in {"location": "w.bin", "offset": "0", "length": str(n * n * 4)}.items():
+        weight.external_data.add(key=key, value=value)
+    with open(tmp_path / "w.bin", "wb") as f:
+        f.truncate(n * n * 4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["M"]), helper.make_node("Identity", ["M"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n])],
+        [weight],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "big.onnx")
+    model = load_onnx(tmp_path / "big.onnx")
+    model, _ = run_passes(model, get_passes("canonicalize"))
+    assert "%W: tensor<25600x25600xf32> = initializer dense<655360000 elements>" in print_model(model)
+    status = Path("/proc/self/status").read_text().splitlines()
+    peak_mb = int(next(x for x in status if x.startswith("VmHWM")).split()[1]) / 1024
+    assert peak_mb < 2000, f"the 2.6 GB weight was read: peak {peak_mb:.0f} MB"
