@@ -138,3 +138,29 @@ def test_initializer_annotation_and_integer_values() -> None:
         type=ir.TensorType(ir.DataType.FLOAT),
     )
     set_quant_type(w, parse_type("!quant.uniform<i8:f32:0, {0.1,0.2,0.3,0.4}>"))
+
+
+def test_a_broken_postcondition_names_the_pass() -> None:
+    from requant.passes import Pass
+    from requant.passes._manager import PassInvariantError
+
+    class Promises(Pass):
+        name = "promises"
+        recurses_into_subgraphs = False
+
+        def call(self, model: ir.Model) -> ir.passes.PassResult:
+            return ir.passes.PassResult(model, False)
+
+        def ensures(self, model: ir.Model) -> None:
+            self.fail_unless(["Relu"], "no Relu remains")
+
+    with pytest.raises(PassInvariantError, match="pass 'promises' broke what it ensures: no Relu remains: Relu"):
+        run_passes(load_onnx_text(MODEL), [Promises()])
+
+
+def test_declared_postconditions_hold_on_canonicalize() -> None:
+    # the passes with an ensures() check it on every run; canonicalize on a messy model passes them
+    passes = get_passes("canonicalize")
+    declared = {p.name for p in passes if type(p).ensures is not ir.passes.InPlacePass.ensures}
+    assert {"constants-to-initializers", "remove-identity", "dequantize-per-consumer", "unique-names"} <= declared
+    run_passes(load_onnx_text(MODEL), passes)

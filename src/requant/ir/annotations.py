@@ -1,8 +1,10 @@
-"""Quantized-type annotations on onnx-ir values, through typed functions.
+"""Annotations on onnx-ir values, through typed functions.
 
-An annotation says "this value is quantized with this ``!quant`` type". It
-lives in ``value.meta`` (the parsed object, while a pipeline runs) and is
-mirrored as MLIR text into ``value.metadata_props["requant.type"]``, so a saved
+Two kinds: a quantized type ("this value is quantized with this ``!quant``
+type", :func:`set_quant_type`) and a quantization request ("quantize this value
+so", :func:`set_request`, see :mod:`requant.ir.requests`). Each lives in
+``value.meta`` (the object, while a pipeline runs) and is mirrored as text into
+``value.metadata_props`` (``requant.type``, ``requant.request``), so a saved
 model keeps it and :func:`load_annotations` brings it back after a reload.
 
 onnx-ir does not carry metadata over when a rewrite replaces a value: use
@@ -16,25 +18,32 @@ from collections.abc import Iterator
 import onnx_ir as ir
 
 from requant.errors import QuantTypeError, RequantError
+from requant.ir.requests import NoQuant, QuantizationSpec, Request, RequestError, parse_request
 from requant.types import FLOAT_FORMATS, QuantizedType, TensorType, parse_type, verify_container
 
 __all__ = [
     "ELEMENT_NAMES",
     "PROP_KEY",
+    "REQUEST_KEY",
     "AnnotationError",
     "check_annotation",
+    "check_request",
     "element_name",
     "iter_values",
     "load_annotations",
     "quant_type",
     "replace_value",
+    "request",
     "set_quant_type",
+    "set_request",
     "tensor_type_of",
     "transfer_annotation",
 ]
 
 PROP_KEY = "requant.type"
+REQUEST_KEY = "requant.request"
 _META_KEY = "requant.quant_type"
+_META_REQUEST = "requant.request"
 
 # ONNX element types in MLIR's spelling (the ones a quantized type can describe).
 ELEMENT_NAMES: dict[ir.DataType, str] = {
@@ -122,11 +131,45 @@ def set_quant_type(value: ir.Value, t: QuantizedType | None) -> None:
     value.metadata_props[PROP_KEY] = str(t)
 
 
+def request(value: ir.Value) -> Request | None:
+    """The value's quantization request, or None."""
+    r = value.meta.get(_META_REQUEST)
+    return r if isinstance(r, Request) else None
+
+
+def check_request(value: ir.Value, r: Request) -> None:
+    """Raise :class:`AnnotationError` unless ``r`` can apply to ``value`` (float, axis within its rank)."""
+    where = f"value '{value.name}'"
+    dtype = element_name(value.dtype)
+    if dtype is not None and dtype not in FLOAT_FORMATS and not isinstance(r, NoQuant):
+        raise AnnotationError(f"{where} holds {dtype} values: only float values can be asked to be quantized ({r})")
+    if isinstance(r, QuantizationSpec) and r.axis is not None and value.shape is not None:
+        rank = len(value.shape)
+        if not -rank <= r.axis < rank:
+            raise AnnotationError(f"{where} has rank {rank}: axis {r.axis} of {r} is out of range")
+
+
+def set_request(value: ir.Value, r: Request | None) -> None:
+    """Ask for ``value`` to be quantized as ``r`` (checked against it); None removes the request."""
+    if r is None:
+        value.meta.pop(_META_REQUEST, None)
+        value.metadata_props.pop(REQUEST_KEY, None)
+        return
+    if not isinstance(r, Request):
+        raise TypeError(f"expected a quantization request (QuantizationSpec, SharedSpec...), got {type(r).__name__}")
+    check_request(value, r)
+    value.meta[_META_REQUEST] = r
+    value.metadata_props[REQUEST_KEY] = str(r)
+
+
 def transfer_annotation(source: ir.Value, target: ir.Value) -> None:
-    """Give ``target`` the annotation of ``source`` (if any)."""
+    """Give ``target`` the annotations (quantized type, request) of ``source``, where it has none."""
     t = quant_type(source)
-    if t is not None:
+    if t is not None and quant_type(target) is None:
         set_quant_type(target, t)
+    r = request(source)
+    if r is not None and request(target) is None:
+        set_request(target, r)
 
 
 def replace_value(old: ir.Value, new: ir.Value) -> None:
@@ -136,8 +179,7 @@ def replace_value(old: ir.Value, new: ir.Value) -> None:
     ``old`` is a graph output, ``new`` takes its place there and its name, so
     the model's interface does not change; an unnamed ``new`` takes the name too.
     """
-    if quant_type(new) is None:
-        transfer_annotation(old, new)
+    transfer_annotation(old, new)
     was_output = old.is_graph_output()
     if new.type is None:  # what is known of the old value stays known
         new.type = old.type
@@ -168,17 +210,23 @@ def iter_values(graph: ir.Graph | ir.Function) -> Iterator[ir.Value]:
 
 
 def load_annotations(model: ir.Model) -> int:
-    """Parse ``requant.type`` metadata back into annotations (after loading); returns the count."""
+    """Parse ``requant.type`` and ``requant.request`` metadata back into annotations; returns the count."""
     count = 0
     graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
     for graph in graphs:
         for value in iter_values(graph):
             text = value.metadata_props.get(PROP_KEY)
-            if text is None:
-                continue
-            try:
-                set_quant_type(value, parse_type(text))
-            except QuantTypeError as exc:
-                raise AnnotationError(f"value '{value.name}' has an invalid {PROP_KEY} {text!r}: {exc}") from None
-            count += 1
+            if text is not None:
+                try:
+                    set_quant_type(value, parse_type(text))
+                except QuantTypeError as exc:
+                    raise AnnotationError(f"value '{value.name}' has an invalid {PROP_KEY} {text!r}: {exc}") from None
+                count += 1
+            text = value.metadata_props.get(REQUEST_KEY)
+            if text is not None:
+                try:
+                    set_request(value, parse_request(text))
+                except RequestError as exc:
+                    raise AnnotationError(f"value '{value.name}' has an invalid {REQUEST_KEY}: {exc}") from None
+                count += 1
     return count

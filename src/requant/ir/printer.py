@@ -12,7 +12,8 @@
 
 - A value's type is printed where the value is defined (graph inputs, initializers,
   node outputs); symbolic dimensions keep their names, unknown ones print ``?``,
-  an unknown rank ``*``. An annotated value shows its ``!quant`` type as the element type.
+  an unknown rank ``*``. An annotated value shows its ``!quant`` type as the element type,
+  and its quantization request (``#requant.spec<...>``) after the type.
 - Attributes are printed sorted by name; subgraphs (``If``, ``Loop``, ``Scan``) are
   printed inside their node; local functions (logical kernels) follow the main graph.
 - Tensors of at most 16 elements print their values; larger ones print their size.
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from requant.ir.annotations import element_name, quant_type
+from requant.ir.annotations import element_name, quant_type, request
 
 __all__ = ["print_graph", "print_model", "type_text"]
 
@@ -71,7 +72,15 @@ def _dims(shape: ir.Shape) -> str:
 
 
 def type_text(value: ir.Value) -> str:
-    """``tensor<Nx3xf32>``, ``tensor<*xf32>``, ``seq<...>`` or ``?``: the value's type as printed."""
+    """``tensor<Nx3xf32>``, ``tensor<*xf32>``, ``seq<...>`` or ``?``: the value's type as printed.
+
+    A quantization request follows the type: ``tensor<Nx3xf32> #requant.spec<int8, ...>``.
+    """
+    r = request(value)
+    return _type_only(value) if r is None else f"{_type_only(value)} {r}"
+
+
+def _type_only(value: ir.Value) -> str:
     vtype = value.type
     if vtype is None:
         return f"tensor<*x{_element(value)}>" if quant_type(value) is not None else "?"

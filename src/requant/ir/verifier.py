@@ -6,7 +6,8 @@ Checked, in the main graph, every subgraph and every local function:
 - every node input and graph output is defined before it is used, in this graph or an
   enclosing one (subgraphs may use outer values);
 - every node output is produced by that node;
-- every annotation fits its value (dtype, rank, shape: :func:`check_annotation`).
+- every annotation fits its value (dtype, rank, shape: :func:`check_annotation`), every
+  request too, and shared or derived requests name values the graph can see.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from requant.errors import RequantError
-from requant.ir.annotations import AnnotationError, check_annotation, quant_type
+from requant.ir.annotations import AnnotationError, check_annotation, check_request, quant_type, request
+from requant.ir.requests import DerivedSpec, SharedSpec
 
 __all__ = ["VerifyError", "verify_model", "verify_problems"]
 
@@ -23,7 +25,9 @@ class VerifyError(RequantError):
     """The IR broke an invariant; the message lists every problem found."""
 
 
-def _graph_problems(graph: ir.Graph | ir.Function, outer: frozenset[int], where: str) -> list[str]:
+def _graph_problems(
+    graph: ir.Graph | ir.Function, outer: frozenset[int], where: str, outer_names: frozenset[str] = frozenset()
+) -> list[str]:
     problems: list[str] = []
     names: dict[str, str] = {}
     defined: set[int] = set(outer)
@@ -35,11 +39,14 @@ def _graph_problems(graph: ir.Graph | ir.Function, outer: frozenset[int], where:
                 problems.append(f"{where}: value name '{value.name}' is defined twice ({names[value.name]}, {what})")
             names.setdefault(value.name, what)
         t = quant_type(value)
-        if t is not None:
-            try:
+        r = request(value)
+        try:
+            if t is not None:
                 check_annotation(value, t)
-            except AnnotationError as exc:
-                problems.append(f"{where}: {exc}")
+            if r is not None:
+                check_request(value, r)
+        except AnnotationError as exc:
+            problems.append(f"{where}: {exc}")
 
     for value in graph.inputs:
         define(value, "graph input")
@@ -63,7 +70,9 @@ def _graph_problems(graph: ir.Graph | ir.Function, outer: frozenset[int], where:
                 else []
             )
             for sub in subgraphs:
-                problems += _graph_problems(sub, frozenset(defined), f"{where} > {label}.{attr.name}")
+                problems += _graph_problems(
+                    sub, frozenset(defined), f"{where} > {label}.{attr.name}", frozenset(names) | outer_names
+                )
         for i, value in enumerate(node.outputs):
             if value.producer() is not node:
                 problems.append(f"{where}: {label} output {i} '{value.name}' has another producer")
@@ -71,6 +80,22 @@ def _graph_problems(graph: ir.Graph | ir.Function, outer: frozenset[int], where:
     for i, value in enumerate(graph.outputs):
         if id(value) not in defined:
             problems.append(f"{where}: graph output {i} '{value.name}' is not defined")
+    problems += _request_problems(graph, set(names) | outer_names, where)
+    return problems
+
+
+def _request_problems(graph: ir.Graph | ir.Function, names: set[str], where: str) -> list[str]:
+    """Shared and derived requests must name values this graph can see."""
+    problems = []
+    values = list(graph.inputs) + [o for n in graph for o in n.outputs]
+    if isinstance(graph, ir.Graph):
+        values += list(graph.initializers.values())
+    for value in values:
+        r = request(value)
+        referenced = (r.other,) if isinstance(r, SharedSpec) else r.sources if isinstance(r, DerivedSpec) else ()
+        for name in referenced:
+            if name not in names:
+                problems.append(f"{where}: value '{value.name}' asks for {r}, but no value is named '{name}'")
     return problems
 
 

@@ -25,6 +25,12 @@ class Pass(ir.passes.InPlacePass):
     def __repr__(self) -> str:
         return f"<pass {self.name}>"
 
+    def fail_unless(self, problems: list[str], what: str) -> None:
+        """Raise onnx-ir's PostconditionError listing ``problems`` (for ``ensures``)."""
+        if problems:
+            shown = ", ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
+            raise ir.passes.PostconditionError(f"{what}: {shown}")
+
 
 class NodeRewrite(Pass):
     """A pass that visits every node of one standard op type and may rewrite it.

@@ -10,11 +10,21 @@ from typing import TextIO
 
 import onnx_ir as ir
 
+from requant.errors import RequantError
 from requant.ir.printer import print_model
 from requant.ir.verifier import VerifyError, verify_problems
 from requant.passes._base import Pass
 
-__all__ = ["PassOptions", "PassRecord", "run_passes"]
+__all__ = ["PassInvariantError", "PassOptions", "PassRecord", "run_passes"]
+
+
+class PassInvariantError(RequantError):
+    """A pass's declared precondition or postcondition did not hold."""
+
+
+def _cause(exc: BaseException) -> str:
+    inner = exc.__cause__ or exc
+    return str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,12 @@ def run_passes(
         _verify(model, "before the first pass")
     for p in passes:
         start = time.perf_counter()
-        result = p(model)
+        try:
+            result = p(model)
+        except ir.passes.PreconditionError as exc:
+            raise PassInvariantError(f"pass '{p.name}': its precondition does not hold: {_cause(exc)}") from exc
+        except ir.passes.PostconditionError as exc:
+            raise PassInvariantError(f"pass '{p.name}' broke what it ensures: {_cause(exc)}") from exc
         records.append(PassRecord(p.name, time.perf_counter() - start, result.modified))
         model = result.model
         if options.verify_each:

@@ -39,9 +39,8 @@ class ConstantsToInitializers(Pass):
         return ir.passes.PassResult(model, result.modified)
 
     def ensures(self, model: ir.Model) -> None:
-        left = [n.outputs[0].name for n in all_nodes(model) if is_op(n, "Constant") and n.outputs[0].uses()]
-        if left:
-            raise ir.passes.PostconditionError(f"Constant nodes left: {left}")
+        left = [str(n.outputs[0].name) for n in all_nodes(model) if is_op(n, "Constant") and n.outputs[0].uses()]
+        self.fail_unless(left, "Constant nodes feeding other nodes remain")
 
 
 PASS = ConstantsToInitializers

@@ -28,6 +28,7 @@ import onnx_ir as ir
 
 from requant.ir.annotations import transfer_annotation
 from requant.passes._base import NodeRewrite
+from requant.passes._rewrite import all_nodes, is_op
 
 __all__ = ["PASS", "DequantizePerConsumer"]
 
@@ -64,6 +65,14 @@ class DequantizePerConsumer(NodeRewrite):
 
     def rewrite(self, node: ir.Node) -> bool:
         return _split(node)
+
+    def ensures(self, model: ir.Model) -> None:
+        shared = [
+            str(n.outputs[0].name)
+            for n in all_nodes(model)
+            if is_op(n, "DequantizeLinear") and len(n.outputs[0].uses()) + n.outputs[0].is_graph_output() > 1
+        ]
+        self.fail_unless(shared, "DequantizeLinear outputs with more than one consumer remain")
 
 
 PASS = DequantizePerConsumer

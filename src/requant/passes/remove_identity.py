@@ -23,7 +23,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from requant.passes._base import NodeRewrite
-from requant.passes._rewrite import bypass
+from requant.passes._rewrite import all_nodes, bypass, is_op
 
 __all__ = ["PASS", "RemoveIdentity"]
 
@@ -35,6 +35,18 @@ class RemoveIdentity(NodeRewrite):
 
     def rewrite(self, node: ir.Node) -> bool:
         return bypass(node)
+
+    def ensures(self, model: ir.Model) -> None:
+        left = [
+            str(n.outputs[0].name)
+            for n in all_nodes(model, functions=True)
+            if is_op(n, "Identity") and not (n.outputs[0].is_graph_output() and _interface(n.inputs[0]))
+        ]
+        self.fail_unless(left, "Identity nodes that could be removed remain")
+
+
+def _interface(value: ir.Value | None) -> bool:
+    return value is None or value.is_graph_input() or value.is_graph_output() or value.is_initializer()
 
 
 PASS = RemoveIdentity

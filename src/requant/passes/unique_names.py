@@ -35,5 +35,20 @@ class UniqueNames(Pass):
         result = NameFixPass()(model)
         return ir.passes.PassResult(model, result.modified)
 
+    def ensures(self, model: ir.Model) -> None:
+        from requant.ir.annotations import iter_values
+
+        graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+        problems = []
+        for graph in graphs:
+            seen: set[str] = set()
+            for value in iter_values(graph):
+                if not value.name:
+                    problems.append("a value without a name")
+                elif value.name in seen:
+                    problems.append(f"'{value.name}' twice")
+                seen.add(value.name or "")
+        self.fail_unless(problems, "value names are not unique")
+
 
 PASS = UniqueNames

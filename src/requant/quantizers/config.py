@@ -1,0 +1,95 @@
+"""Quantization configs: the requests for a kernel's input activations, output activations, weights and bias.
+
+A config is what a user picks ("int8 with per-channel weights"); a target turns it into the
+exact request for each port of each kernel (a ConvTranspose's per-channel axis is 1, not 0; a
+bias's scale is derived from the actual input and weight). Configs are frozen, named, and
+validated on construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from requant.ir.requests import DTYPES, FixedSpec, NoQuant, QuantizationSpec, RequestError
+
+__all__ = [
+    "A16W8",
+    "INT4_BLOCKWISE_WEIGHTS",
+    "INT8_PER_CHANNEL_WEIGHTS",
+    "INT8_PER_TENSOR",
+    "PRESETS",
+    "DerivedBias",
+    "QuantizationConfig",
+]
+
+
+@dataclass(frozen=True)
+class DerivedBias:
+    """A bias quantized from its kernel's input and weight: scale = input scale x weight scale, zero point 0."""
+
+    dtype: str = "int32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise RequestError(f"bias dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+
+    def __str__(self) -> str:
+        return f"derived<{self.dtype}, input scale x weight scale>"
+
+
+ActivationRequest = QuantizationSpec | FixedSpec | NoQuant
+WeightRequest = QuantizationSpec | NoQuant
+BiasRequest = DerivedBias | QuantizationSpec | NoQuant
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """The requests a pattern's ports get; ``None`` leaves that kind of port to other quantizers."""
+
+    name: str
+    input_activation: ActivationRequest | None = None
+    output_activation: ActivationRequest | None = None
+    weight: WeightRequest | None = None
+    bias: BiasRequest | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise RequestError(f"a QuantizationConfig needs a name, got {self.name!r}")
+        allowed = {
+            "input_activation": (QuantizationSpec, FixedSpec, NoQuant),
+            "output_activation": (QuantizationSpec, FixedSpec, NoQuant),
+            "weight": (QuantizationSpec, NoQuant),
+            "bias": (DerivedBias, QuantizationSpec, NoQuant),
+        }
+        for port, kinds in allowed.items():
+            value = getattr(self, port)
+            if value is not None and not isinstance(value, kinds):
+                names = ", ".join(k.__name__ for k in kinds)
+                raise RequestError(f"{self.name}: {port} must be one of {names} or None, got {value!r}")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_U8 = QuantizationSpec("uint8", symmetric=False)
+_I8_WEIGHT = QuantizationSpec("int8", symmetric=True)
+_I8_PER_CHANNEL = QuantizationSpec("int8", symmetric=True, granularity="per_axis", axis=0)
+
+# Presets. Activations are uint8 (affine) and weights int8 (symmetric): what ONNX Runtime's x86 int8
+# kernels run fastest. The per-channel axis is the output-channel axis of the usual layout (0);
+# targets adjust it per op.
+INT8_PER_TENSOR = QuantizationConfig("INT8_PER_TENSOR", _U8, _U8, _I8_WEIGHT, DerivedBias())
+INT8_PER_CHANNEL_WEIGHTS = QuantizationConfig("INT8_PER_CHANNEL_WEIGHTS", _U8, _U8, _I8_PER_CHANNEL, DerivedBias())
+A16W8 = QuantizationConfig(
+    "A16W8", QuantizationSpec("uint16"), QuantizationSpec("uint16"), _I8_PER_CHANNEL, DerivedBias()
+)
+INT4_BLOCKWISE_WEIGHTS = QuantizationConfig(
+    "INT4_BLOCKWISE_WEIGHTS",
+    NoQuant(),
+    NoQuant(),
+    QuantizationSpec("int4", symmetric=True, granularity="blockwise", axis=0, block_size=32),
+    NoQuant(),
+)
+PRESETS: dict[str, QuantizationConfig] = {
+    c.name: c for c in (INT8_PER_TENSOR, INT8_PER_CHANNEL_WEIGHTS, A16W8, INT4_BLOCKWISE_WEIGHTS)
+}
