@@ -13,7 +13,8 @@ onnx-ir does not carry metadata over when a rewrite replaces a value: use
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import onnx_ir as ir
 
@@ -118,17 +119,23 @@ def quant_type(value: ir.Value) -> QuantizedType | None:
     return t if isinstance(t, QuantizedType) else None
 
 
+def _store(value: ir.Value, meta_key: str, prop_key: str, annotation: object) -> None:
+    """Keep ``annotation`` in ``value.meta`` and its text in ``metadata_props``; None removes both."""
+    if annotation is None:
+        value.meta.pop(meta_key, None)
+        value.metadata_props.pop(prop_key, None)
+    else:
+        value.meta[meta_key] = annotation
+        value.metadata_props[prop_key] = str(annotation)
+
+
 def set_quant_type(value: ir.Value, t: QuantizedType | None) -> None:
     """Annotate ``value`` with ``t`` (checked against it); None removes the annotation."""
-    if t is None:
-        value.meta.pop(_META_KEY, None)
-        value.metadata_props.pop(PROP_KEY, None)
-        return
-    if not isinstance(t, QuantizedType):
-        raise TypeError(f"expected a quantized type from requant.types, got {type(t).__name__}")
-    check_annotation(value, t)
-    value.meta[_META_KEY] = t
-    value.metadata_props[PROP_KEY] = str(t)
+    if t is not None:
+        if not isinstance(t, QuantizedType):
+            raise TypeError(f"expected a quantized type from requant.types, got {type(t).__name__}")
+        check_annotation(value, t)
+    _store(value, _META_KEY, PROP_KEY, t)
 
 
 def request(value: ir.Value) -> Request | None:
@@ -151,15 +158,13 @@ def check_request(value: ir.Value, r: Request) -> None:
 
 def set_request(value: ir.Value, r: Request | None) -> None:
     """Ask for ``value`` to be quantized as ``r`` (checked against it); None removes the request."""
-    if r is None:
-        value.meta.pop(_META_REQUEST, None)
-        value.metadata_props.pop(REQUEST_KEY, None)
-        return
-    if not isinstance(r, Request):
-        raise TypeError(f"expected a quantization request (QuantizationSpec, SharedSpec...), got {type(r).__name__}")
-    check_request(value, r)
-    value.meta[_META_REQUEST] = r
-    value.metadata_props[REQUEST_KEY] = str(r)
+    if r is not None:
+        if not isinstance(r, Request):
+            raise TypeError(
+                f"expected a quantization request (QuantizationSpec, SharedSpec...), got {type(r).__name__}"
+            )
+        check_request(value, r)
+    _store(value, _META_REQUEST, REQUEST_KEY, r)
 
 
 def transfer_annotation(source: ir.Value, target: ir.Value) -> None:
@@ -211,22 +216,21 @@ def iter_values(graph: ir.Graph | ir.Function) -> Iterator[ir.Value]:
 
 def load_annotations(model: ir.Model) -> int:
     """Parse ``requant.type`` and ``requant.request`` metadata back into annotations; returns the count."""
+    kinds: list[tuple[str, Callable[[str], Any], Callable[[ir.Value, Any], None]]] = [
+        (PROP_KEY, parse_type, set_quant_type),
+        (REQUEST_KEY, parse_request, set_request),
+    ]
     count = 0
     graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
     for graph in graphs:
         for value in iter_values(graph):
-            text = value.metadata_props.get(PROP_KEY)
-            if text is not None:
+            for key, parse, store in kinds:
+                text = value.metadata_props.get(key)
+                if text is None:
+                    continue
                 try:
-                    set_quant_type(value, parse_type(text))
-                except QuantTypeError as exc:
-                    raise AnnotationError(f"value '{value.name}' has an invalid {PROP_KEY} {text!r}: {exc}") from None
-                count += 1
-            text = value.metadata_props.get(REQUEST_KEY)
-            if text is not None:
-                try:
-                    set_request(value, parse_request(text))
-                except RequestError as exc:
-                    raise AnnotationError(f"value '{value.name}' has an invalid {REQUEST_KEY}: {exc}") from None
+                    store(value, parse(text))
+                except (QuantTypeError, RequestError) as exc:
+                    raise AnnotationError(f"value '{value.name}' has an invalid {key} {text!r}: {exc}") from None
                 count += 1
     return count
