@@ -7,6 +7,7 @@ test_torch_frontend) the digits CNN. The packages are installed by the test comm
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,32 @@ def test_minilm_sentence_encoder(tmp_path: Path) -> None:
         expected2 = net(torch.from_numpy(ids2), torch.from_numpy(mask2)).numpy()
     got = ort_outputs(model, {model.graph.inputs[0].name: ids2, model.graph.inputs[1].name: mask2})
     np.testing.assert_allclose(got, expected2, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0", "minilm"])
+def test_real_models_are_annotated_end_to_end(name: str) -> None:
+    from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
+    from tests.models.efficientnet import make_efficientnet_lite0
+    from tests.models.minilm import make_minilm, tokenize
+    from tests.models.mobilenet import make_mobilenet_v2
+
+    if name == "minilm":
+        ids, mask = tokenize(["A sentence to export with."])
+        model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)))
+    else:
+        net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[name]()
+        model = requant.load(net, example_inputs=(torch.from_numpy(sample_images()),))
+    model, _ = run_passes(model, get_passes("canonicalize"))
+    report = Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).quantize(model)
+    verify_model(model)  # requests fit their values; shared and derived ones name real values
+    glob = report.records[0]
+    ops = {n.op_type for n in model.graph}
+    heavy = {"Conv", "Gemm", "MatMul"} & ops
+    accepted = {n.split("->")[0] for d in glob.decisions if d.status == "accepted" for n in [d.pattern]}
+    assert heavy <= accepted  # every kind of weighted kernel is quantized
+    rejected = {d.pattern: d.reason for d in glob.decisions if d.status == "rejected"}
+    assert all("is in no pattern" in reason for reason in rejected.values()), rejected
+    text = report.summary()
+    assert "PatternQuantizer using Global()" in text and "SharedSpecQuantizer" in text
+    assert json.loads(json.dumps(report.to_json()))["quantizers"][0]["accepted"] == glob.count("accepted")
+    assert not report.warnings

@@ -28,25 +28,14 @@ import onnx_ir as ir
 
 from requant.frontends.onnx_loader import LoadError
 from requant.ir.annotations import load_annotations
+from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY, module_class, module_path
 
 __all__ = ["MODULE_CLASS_KEY", "MODULE_PATH_KEY", "load_torch", "module_class", "module_path"]
 
 log = logging.getLogger(__name__)
 
-MODULE_PATH_KEY = "requant.module_path"
-MODULE_CLASS_KEY = "requant.module_class"
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _CLASSES = "pkg.torch.onnx.class_hierarchy"
-
-
-def module_path(node: ir.Node) -> str | None:
-    """The module path recorded for ``node`` by the PyTorch front door, or None."""
-    return node.metadata_props.get(MODULE_PATH_KEY)
-
-
-def module_class(node: ir.Node) -> str | None:
-    """The module class recorded for ``node`` by the PyTorch front door, or None."""
-    return node.metadata_props.get(MODULE_CLASS_KEY)
 
 
 def _record_modules(model: ir.Model) -> int:

@@ -9,15 +9,9 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.ir.annotations import replace_value
+from requant.ir.queries import DEFAULT_DOMAINS, constant, is_op
 
 __all__ = ["DEFAULT_DOMAINS", "adopt_name", "all_nodes", "bypass", "constant", "is_op", "new_initializer"]
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-def is_op(node: ir.Node, op_type: str) -> bool:
-    """Whether ``node`` is the standard ONNX operator ``op_type``."""
-    return node.op_type == op_type and node.domain in DEFAULT_DOMAINS
 
 
 def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
@@ -27,19 +21,6 @@ def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
     """
     graphs: list[ir.Graph | ir.Function] = [model.graph, *(model.functions.values() if functions else ())]
     return iter([node for graph in graphs for node in ir.traversal.RecursiveGraphIterator(graph)])
-
-
-def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
-    """The value's data if it is a constant (an initializer or a ``Constant`` node's output)."""
-    if value is None:
-        return None
-    if value.const_value is not None and (value.is_initializer() or value.producer() is None):
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and is_op(producer, "Constant") and "value" in producer.attributes:
-        tensor = producer.attributes["value"].as_tensor()
-        return tensor.numpy()
-    return None
 
 
 def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.generic]) -> ir.Value:

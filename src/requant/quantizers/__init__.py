@@ -1,4 +1,4 @@
-"""Quantizers: requests, configs and presets (node finders, pattern matching and the reporter to come).
+"""Quantizers: requests, configs and presets, node finders, pattern matching, composition, decision records.
 
 The request types are defined in :mod:`requant.ir.requests` (they are annotations on the IR)
 and re-exported here, where users meet them.
@@ -27,25 +27,61 @@ from requant.quantizers.config import (
     DerivedBias,
     QuantizationConfig,
 )
+from requant.quantizers.finders import (
+    All,
+    AnyOf,
+    Global,
+    ModulePath,
+    ModuleType,
+    NodeFinder,
+    NodeName,
+    Not,
+    OpType,
+    Predicate,
+)
+from requant.quantizers.matcher import PatternMatcher
+from requant.quantizers.pattern_quantizer import PatternQuantizer
+from requant.quantizers.quantizer import FLOAT, Quantizer, QuantParams, StrictQuantizationError, module_params
+from requant.quantizers.records import QuantizerReport
+from requant.quantizers.shared import SharedSpecQuantizer
 
 __all__ = [
     "A16W8",
     "DTYPES",
+    "FLOAT",
     "GRANULARITIES",
     "INT4_BLOCKWISE_WEIGHTS",
     "INT8_PER_CHANNEL_WEIGHTS",
     "INT8_PER_TENSOR",
     "KNOWN_OBSERVERS",
     "PRESETS",
+    "All",
+    "AnyOf",
     "DerivedBias",
     "DerivedSpec",
     "FixedSpec",
+    "Global",
+    "ModulePath",
+    "ModuleType",
     "NoQuant",
+    "NodeFinder",
+    "NodeName",
+    "Not",
+    "OpType",
+    "PatternMatcher",
+    "PatternQuantizer",
+    "Predicate",
+    "QuantParams",
     "QuantizationConfig",
     "QuantizationSpec",
+    "Quantizer",
+    "QuantizerReport",
     "Request",
     "RequestError",
     "SharedSpec",
+    "SharedSpecQuantizer",
+    "StrictQuantizationError",
+    "module_params",
     "parse_request",
     "register_observer",
 ]

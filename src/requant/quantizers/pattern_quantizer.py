@@ -1,0 +1,133 @@
+"""The pattern quantizer: requests on the ports of the patterns a node finder selects.
+
+For each match it asks the target's check; if accepted, the pattern's ports get the config's
+requests: activation inputs (from outside the pattern), weights (with the per-channel axis of
+the op), biases (derived from the actual input and weight), and the last node's outputs. Values
+inside the pattern get nothing: quantization is decided at kernel boundaries only. A request
+already on a port is never overwritten; a pattern with a node another quantizer annotated is
+rejected as already annotated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from requant.ir.annotations import request, set_request
+from requant.ir.queries import constant
+from requant.ir.requests import DerivedSpec, QuantizationSpec, Request
+from requant.ir.traits import DATA_MOVEMENT, WEIGHTED, data_inputs, weight_channel_axis
+from requant.quantizers.config import DerivedBias, QuantizationConfig
+from requant.quantizers.finders import NodeFinder
+from requant.quantizers.matcher import PatternMatcher
+from requant.quantizers.records import NodeDecision, QuantizerRecord
+from requant.targets.table import Match, Reject
+
+__all__ = ["ANNOTATED_KEY", "PatternQuantizer", "QuantizeState"]
+
+ANNOTATED_KEY = "requant.annotated_by"
+
+
+@dataclass
+class QuantizeState:
+    """What the quantizers of one run share: which nodes are annotated, and by whom."""
+
+    annotated: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
+
+
+def _weight_request(node: ir.Node, spec: Request) -> Request:
+    if isinstance(spec, QuantizationSpec) and spec.granularity == "per_axis":
+        return dataclasses.replace(spec, axis=weight_channel_axis(node))
+    if isinstance(spec, QuantizationSpec) and spec.granularity == "blockwise" and node.op_type == "Gemm":
+        trans = node.attributes.get("transB")
+        return dataclasses.replace(spec, axis=1 if trans is not None and trans.as_int() else 0)
+    return spec
+
+
+def port_requests(match: Match, config: QuantizationConfig) -> tuple[dict[ir.Value, Request], list[ir.Value]]:
+    """The requests the config puts on the match's ports, and its output ports."""
+    inside = {id(o) for n in match.nodes for o in n.outputs}
+    requests: dict[ir.Value, Request] = {}
+    activations: list[ir.Value] = []
+    for node in match.nodes:
+        weight_index, bias_index = WEIGHTED.get(node.op_type, (None, None))
+        weight_value = (
+            node.inputs[weight_index] if weight_index is not None and weight_index < len(node.inputs) else None
+        )
+        weight_is_const = constant(weight_value) is not None
+        for i in data_inputs(node):
+            value = node.inputs[i]
+            if value is None or id(value) in inside:
+                continue
+            if i == weight_index and weight_is_const and config.weight is not None:
+                requests[value] = _weight_request(node, config.weight)
+            elif i == bias_index and weight_value is not None:
+                if isinstance(config.bias, DerivedBias):
+                    source = node.inputs[0]
+                    if source is not None and source.name and weight_value.name:
+                        requests[value] = DerivedSpec((source.name, weight_value.name), dtype=config.bias.dtype)
+                elif config.bias is not None:
+                    requests[value] = config.bias
+            elif i != weight_index or not weight_is_const:
+                activations.append(value)
+                if config.input_activation is not None:
+                    requests[value] = config.input_activation
+    outputs = [o for o in match.nodes[-1].outputs if o.uses() or o.is_graph_output()]
+    if config.output_activation is not None:
+        for out in outputs:
+            requests[out] = config.output_activation
+    return requests, outputs
+
+
+@dataclass(frozen=True)
+class PatternQuantizer:
+    """Annotates the patterns ``pattern_matcher`` finds among the nodes ``node_finder`` selects."""
+
+    config: QuantizationConfig
+    node_finder: NodeFinder
+    pattern_matcher: PatternMatcher
+
+    def describe(self) -> str:
+        return f"PatternQuantizer({self.node_finder!r}, {self.config})"
+
+    def annotate(self, model: ir.Model, state: QuantizeState) -> QuantizerRecord:
+        record = QuantizerRecord(
+            "PatternQuantizer", repr(self.node_finder), str(self.config), str(self.pattern_matcher.table)
+        )
+        selected = self.node_finder.find(model)
+        record.selected = len(selected)
+        fresh = [n for n in selected if n not in state.annotated]
+        for node in selected:
+            if node in state.annotated:
+                record.decisions.append(
+                    NodeDecision([node.name or node.op_type], node.op_type, "already annotated",
+                                 f"annotated by {state.annotated[node]}")
+                )  # fmt: skip
+        matches, unmatched = self.pattern_matcher.match(fresh)
+        for node in unmatched:
+            if node.op_type in DATA_MOVEMENT:  # the shared-spec quantizer's business, not a rejection
+                record.selected -= 1
+                continue
+            reason = f"{node.op_type} is in no pattern of {self.pattern_matcher.table}"
+            record.decisions.append(NodeDecision([node.name or node.op_type], node.op_type, "rejected", reason))
+        for match in matches:
+            names = [n.name or n.op_type for n in match.nodes]
+            verdict = match.pattern.check(match, self.config)
+            if isinstance(verdict, Reject):
+                record.decisions.append(NodeDecision(names, match.pattern.name, "rejected", str(verdict)))
+                continue
+            requests, outputs = port_requests(match, self.config)
+            decision = NodeDecision(names, match.pattern.name, "accepted")
+            for value, wanted in requests.items():
+                existing = request(value)
+                if existing is None:
+                    set_request(value, wanted)
+                shown = str(wanted) if existing is None or existing == wanted else f"{existing} (kept; asked {wanted})"
+                (decision.outputs if value in outputs else decision.inputs)[str(value.name)] = shown
+            for node in match.nodes:
+                state.annotated[node] = self.describe()
+                node.metadata_props[ANNOTATED_KEY] = self.describe()
+            record.decisions.append(decision)
+        return record

@@ -1,0 +1,173 @@
+"""The composite quantizer: the user's selections, in a fixed precedence, and one report.
+
+Precedence (ExecuTorch's): the quantizer added last is applied first, and earlier annotations are
+never overwritten; the global one (``set_global``) applies second to last; the shared-spec
+quantizer last. ``config=None`` keeps the selected nodes in float.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import onnx_ir as ir
+
+from requant.errors import RequantError
+from requant.ir.requests import NoQuant, QuantizationSpec
+from requant.quantizers.config import DerivedBias, QuantizationConfig
+from requant.quantizers.finders import Global, ModulePath, ModuleType, NodeFinder, NodeName, OpType, module_path_of
+from requant.quantizers.matcher import PatternMatcher
+from requant.quantizers.pattern_quantizer import PatternQuantizer, QuantizeState
+from requant.quantizers.records import QuantizerRecord, QuantizerReport
+from requant.quantizers.shared import SharedSpecQuantizer
+from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
+from requant.targets.table import SupportTable
+
+__all__ = ["FLOAT", "QuantParams", "Quantizer", "StrictQuantizationError", "module_params"]
+
+log = logging.getLogger("requant.quantizers")
+
+FLOAT = QuantizationConfig("FLOAT", NoQuant(), NoQuant(), NoQuant(), NoQuant())
+
+
+class StrictQuantizationError(RequantError):
+    """Strict mode: a node asked to be quantized could not be; names the node and the reason."""
+
+
+class AnnotatingQuantizer(Protocol):
+    def describe(self) -> str: ...
+
+    def annotate(self, model: ir.Model, state: QuantizeState) -> QuantizerRecord: ...
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Per-module parameters: ``__quant_params__ = QuantParams(weights=..., activations=...)`` on a module."""
+
+    weights: QuantizationSpec | NoQuant | None = None
+    activations: QuantizationSpec | NoQuant | None = None
+
+    def config(self, path: str) -> QuantizationConfig:
+        bias = DerivedBias() if isinstance(self.weights, QuantizationSpec) else NoQuant()
+        return QuantizationConfig(
+            f"QuantParams({path or '<root>'})", self.activations, self.activations, self.weights, bias
+        )
+
+
+def module_params(module: Any) -> dict[str, QuantParams]:
+    """Collect ``__quant_params__`` from a PyTorch module and its submodules, by module path."""
+    found = {}
+    for path, sub in module.named_modules():
+        params = getattr(sub, "__quant_params__", None)
+        if params is not None:
+            if not isinstance(params, QuantParams):
+                raise RequantError(f"module '{path}': __quant_params__ must be a QuantParams, got {params!r}")
+            found[path] = params
+    return found
+
+
+@dataclass(frozen=True)
+class _ModuleParamsFinder(NodeFinder):
+    """Nodes whose innermost module with parameters is exactly ``path`` (children inherit unless they set theirs)."""
+
+    path: str
+    all_paths: tuple[str, ...]
+
+    def matches(self, node: ir.Node) -> bool:
+        node_path = module_path_of(node)
+        if node_path is None:
+            return False
+        owners = [p for p in self.all_paths if not p or node_path == p or node_path.startswith(p + ".")]
+        return bool(owners) and max(owners, key=len) == self.path
+
+    def __repr__(self) -> str:
+        return f"ModuleParams({self.path!r})"
+
+
+class Quantizer:
+    """Compose quantizers; ``quantize(model)`` annotates the model and returns the report."""
+
+    def __init__(self, table: SupportTable = ONNXRUNTIME_CPU) -> None:
+        self.table = table
+        self._matcher = PatternMatcher(table)
+        self._added: list[AnnotatingQuantizer] = []
+        self._global: PatternQuantizer | None = None
+        self._shared: AnnotatingQuantizer = SharedSpecQuantizer()
+
+    def _pattern(self, finder: NodeFinder, config: QuantizationConfig | None) -> PatternQuantizer:
+        return PatternQuantizer(config if config is not None else FLOAT, finder, self._matcher)
+
+    def set_global(self, config: QuantizationConfig | None) -> Quantizer:
+        self._global = self._pattern(Global(), config)
+        return self
+
+    def set_node_finder(self, finder: NodeFinder, config: QuantizationConfig | None) -> Quantizer:
+        return self.add_quantizer(self._pattern(finder, config))
+
+    def set_op_type(self, op_types: str | tuple[str, ...], config: QuantizationConfig | None) -> Quantizer:
+        names = (op_types,) if isinstance(op_types, str) else tuple(op_types)
+        return self.set_node_finder(OpType(*names), config)
+
+    def set_node_name(self, name: str, config: QuantizationConfig | None, regex: bool = False) -> Quantizer:
+        return self.set_node_finder(NodeName(name, regex), config)
+
+    def set_module_name(self, path: str, config: QuantizationConfig | None) -> Quantizer:
+        return self.set_node_finder(ModulePath(path), config)
+
+    def set_module_type(self, module_class: str, config: QuantizationConfig | None) -> Quantizer:
+        return self.set_node_finder(ModuleType(module_class), config)
+
+    def set_module_params(self, params: Mapping[str, QuantParams]) -> Quantizer:
+        """Per-module parameters (``{"features.1": QuantParams(...)}``, or ``module_params(module)``).
+
+        A submodule inherits its parent's parameters unless it sets its own; functional calls
+        inside a module get that module's.
+        """
+        paths = tuple(params)
+        for path in sorted(paths, key=len):  # parents first: children, added later, apply first
+            self.set_node_finder(_ModuleParamsFinder(path, paths), params[path].config(path))
+        return self
+
+    def add_quantizer(self, quantizer: AnnotatingQuantizer) -> Quantizer:
+        self._added.append(quantizer)
+        return self
+
+    def order(self) -> list[AnnotatingQuantizer]:
+        """The quantizers in the order they apply."""
+        ordered: list[AnnotatingQuantizer] = list(reversed(self._added))
+        if self._global is not None:
+            ordered.append(self._global)
+        ordered.append(self._shared)
+        return ordered
+
+    def quantize(self, model: ir.Model, strict: bool = False) -> QuantizerReport:
+        """Annotate ``model`` with requests; returns the report (also logged: INFO summary, DEBUG details)."""
+        state = QuantizeState()
+        report = QuantizerReport()
+        for quantizer in self.order():
+            record = quantizer.annotate(model, state)
+            report.records.append(record)
+            if record.selected == 0 and not isinstance(quantizer, SharedSpecQuantizer):
+                warning = f"{record.finder} selected no node: check the name, path or type"
+                report.warnings.append(warning)
+                log.warning(warning)
+        report.unannotated = [n.name or n.op_type for n in model.graph if n not in state.annotated]
+        log.info("%s", report.summary())
+        log.debug("%s", report.details())
+        if strict:
+            self._raise_for_rejections(report)
+        return report
+
+    @staticmethod
+    def _raise_for_rejections(report: QuantizerReport) -> None:
+        for record in report.records:
+            if record.config in ("FLOAT", "SHARED"):
+                continue
+            for decision in record.decisions:
+                if decision.status == "rejected":
+                    raise StrictQuantizationError(
+                        f"{', '.join(decision.nodes)} was asked to be quantized ({record.config}, by {record.finder}) "
+                        f"but cannot be: {decision.reason}"
+                    )

@@ -1,0 +1,101 @@
+"""The shared-spec quantizer: data-movement ops take the quantization of their data input.
+
+Reshape, Transpose, Flatten, Squeeze/Unsqueeze, Concat, Split, Slice, Gather (on activations),
+MaxPool, Max/Min, Pad, Resize... change no values, so their outputs get ``SharedSpec`` of their
+data input, and a chain of them (Reshape -> Transpose -> Reshape) shares one set of parameters.
+It runs last, in graph order. An output that already carries a plain spec equal to its input's
+(a consumer asked for the same thing) is tied to the input too: the same request, one set of
+parameters, no requantize. The edge cases are decided explicitly and reported:
+
+- an input that is float (no request, or ``NoQuant``): the op stays float;
+- a Gather whose data is a constant table (an embedding lookup): stays float, its table is a weight;
+- a Concat (or Max/Min) whose inputs ask for different parameters: the output shares the
+  first input's; propagation requantizes the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from requant.ir.annotations import request, set_request
+from requant.ir.queries import constant
+from requant.ir.requests import NoQuant, Request, SharedSpec
+from requant.ir.traits import DATA_MOVEMENT, data_inputs
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, QuantizeState
+from requant.quantizers.records import NodeDecision, QuantizerRecord
+
+__all__ = ["SharedSpecQuantizer"]
+
+
+def _root(value: ir.Value, by_name: dict[str, ir.Value]) -> Request | None:
+    """The request a chain of shared specs leads to (the first non-shared one)."""
+    seen = set()
+    r = request(value)
+    while isinstance(r, SharedSpec) and r.other not in seen:
+        seen.add(r.other)
+        source = by_name.get(r.other)
+        r = request(source) if source is not None else None
+    return r
+
+
+@dataclass(frozen=True)
+class SharedSpecQuantizer:
+    """Shares parameters across the data-movement ops listed in ``ops``."""
+
+    ops: tuple[str, ...] = tuple(DATA_MOVEMENT)
+
+    def describe(self) -> str:
+        return "SharedSpecQuantizer"
+
+    def annotate(self, model: ir.Model, state: QuantizeState) -> QuantizerRecord:
+        record = QuantizerRecord("SharedSpecQuantizer", f"OpType({', '.join(self.ops)})", "SHARED", "DATA_MOVEMENT")
+        graph = model.graph
+        values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+        by_name = {v.name: v for v in values if v.name}
+        for node in model.graph:
+            if node.op_type not in self.ops or node.domain not in ("", "ai.onnx"):
+                continue
+            record.selected += 1
+            name = node.name or node.op_type
+            if node in state.annotated:
+                reason = f"annotated by {state.annotated[node]}"
+                record.decisions.append(NodeDecision([name], node.op_type, "already annotated", reason))
+                continue
+            sources = [node.inputs[i] for i in data_inputs(node)]
+            reason = self._float_reason(node, sources)
+            if reason:
+                record.decisions.append(NodeDecision([name], node.op_type, "rejected", reason))
+                continue
+            first = sources[0]
+            assert first is not None and first.name
+            decision = NodeDecision([name], node.op_type, "accepted", inputs={first.name: str(request(first))})
+            if len({str(request(s)) for s in sources if s is not None}) > 1:
+                decision.reason = f"inputs ask for different parameters: the output shares '{first.name}'s"
+            for out in node.outputs:
+                wanted = SharedSpec(first.name)
+                existing = request(out)
+                # An equal plain spec (a consumer's input request) is tied to the input: the same
+                # request, with one set of parameters instead of a requantize. Anything else stays.
+                if existing is None or existing == _root(first, by_name):
+                    set_request(out, wanted)
+                decision.outputs[str(out.name)] = str(request(out))
+            state.annotated[node] = self.describe()
+            node.metadata_props[ANNOTATED_KEY] = self.describe()
+            record.decisions.append(decision)
+        return record
+
+    @staticmethod
+    def _float_reason(node: ir.Node, sources: list[ir.Value | None]) -> str:
+        if not sources:
+            return "no data input"
+        for value in sources:
+            if value is None or not value.name:
+                return "a data input has no name (run unique-names)"
+            if node.op_type == "Gather" and constant(value) is not None:
+                return f"gathers from a constant table '{value.name}' (an embedding): the table is a weight"
+            r = request(value)
+            if r is None or isinstance(r, NoQuant):
+                return f"input '{value.name}' is float: the op stays between float values"
+        return ""

@@ -1,0 +1,5 @@
+"""Reports: what requant decided and why. The quantizers' decision records come from ``requant.quantizers``."""
+
+from requant.quantizers.records import NodeDecision, QuantizerRecord, QuantizerReport
+
+__all__ = ["NodeDecision", "QuantizerRecord", "QuantizerReport"]

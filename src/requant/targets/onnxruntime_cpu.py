@@ -1,0 +1,91 @@
+"""ONNX Runtime on x86 CPUs: the kernels its QDQ fusion turns into int8 ops, as a support table.
+
+ONNX Runtime fuses ``DequantizeLinear -> op -> QuantizeLinear`` into QLinearConv, QGemm,
+QLinearMatMul (or MatMulInteger), QLinearAdd, QLinearMul, QLinearSigmoid,
+QLinearLeakyRelu, QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat...; a Relu or Clip
+right after a conv or matmul is folded into that kernel's output range. The table is built from
+a few lists rather than written out pattern by pattern.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from requant.ir.queries import constant
+from requant.ir.requests import NoQuant, QuantizationSpec
+from requant.ir.traits import WEIGHTED
+from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict
+
+if TYPE_CHECKING:
+    from requant.quantizers.config import QuantizationConfig
+
+__all__ = ["ACTIVATION_DTYPES", "ONNXRUNTIME_CPU", "WEIGHT_DTYPES"]
+
+ACTIVATION_DTYPES = ("uint8", "int8", "uint16", "int16")
+WEIGHT_DTYPES = ("int8", "uint8", "int4", "uint4")
+PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FOLDED_ACTIVATIONS = ("Relu", "Clip")
+STANDALONE = ("Add", "Mul", "Relu", "Clip", "Sigmoid", "LeakyRelu", "AveragePool", "GlobalAveragePool", "Softmax")
+
+
+def _check_activation(spec: object, what: str) -> Verdict:
+    if isinstance(spec, QuantizationSpec):
+        if spec.dtype not in ACTIVATION_DTYPES:
+            return Reject(
+                f"{what} {spec.dtype} is not an activation type ONNX Runtime runs ({', '.join(ACTIVATION_DTYPES)})"
+            )
+        if spec.granularity != "per_tensor":
+            return Reject(f"{what} must be per tensor on ONNX Runtime, not {spec.granularity}")
+    return Accept()
+
+
+def _check_weighted(node_match: Match, config: QuantizationConfig) -> Verdict:
+    node = node_match.nodes[0]
+    weight_index, _ = WEIGHTED[node.op_type]
+    weight = node.inputs[weight_index]
+    data = constant(weight)
+    spec = config.weight
+    if data is None:
+        if node.op_type == "MatMul":  # two activations: QLinearMatMul takes both quantized
+            return Accept()
+        return Reject(f"{node.op_type} weight '{weight.name if weight else '?'}' is not a constant", at=node)
+    if node.op_type in ("Conv", "ConvTranspose") and data.ndim not in (3, 4):
+        return Reject(f"ONNX Runtime's int8 {node.op_type} is 1-d or 2-d; this one is {data.ndim - 2}-d", at=node)
+    if isinstance(spec, QuantizationSpec):
+        if spec.dtype not in WEIGHT_DTYPES:
+            return Reject(
+                f"weight dtype {spec.dtype} is not one ONNX Runtime runs ({', '.join(WEIGHT_DTYPES)})", at=node
+            )
+        if spec.granularity == "blockwise":
+            if node.op_type not in ("MatMul", "Gemm"):
+                return Reject(f"blockwise weights run in MatMul and Gemm only, not {node.op_type}", at=node)
+            activation = config.input_activation
+            if spec.dtype in ("int8", "uint8") and isinstance(activation, QuantizationSpec):
+                return Reject(
+                    "ONNX Runtime 1.31 mis-fuses 8-bit activations with blockwise 8-bit weights in MatMul",
+                    at=node,
+                )
+        if spec.dtype in ("int4", "uint4") and spec.granularity != "blockwise" and node.op_type != "MatMul":
+            return Reject(f"4-bit weights need blockwise granularity on ONNX Runtime ({node.op_type})", at=node)
+    return Accept()
+
+
+def _check(match: Match, config: QuantizationConfig) -> Verdict:
+    for what, spec in (("input activation", config.input_activation), ("output activation", config.output_activation)):
+        verdict = _check_activation(spec, what)
+        if not verdict.accepted:
+            return verdict
+    if match.nodes[0].op_type in WEIGHTED and not isinstance(config.weight, NoQuant):
+        return _check_weighted(match, config)
+    return Accept()
+
+
+def _patterns() -> tuple[Pattern, ...]:
+    chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
+    chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]  # conv/matmul + folded activation
+    chains += [("Add", a) for a in FOLDED_ACTIVATIONS]  # residual sum + activation
+    chains += [("MatMul", "Add"), ("MatMul", "Add", "Relu")]  # linear layers exporters did not fuse
+    return tuple(Pattern(chain, _check) for chain in chains)
+
+
+ONNXRUNTIME_CPU = SupportTable("ONNXRUNTIME_CPU_SUPPORT", _patterns())

@@ -1,0 +1,94 @@
+"""Support tables: the patterns of ops that form one quantized kernel on a target, with their checks.
+
+A check looks at graph facts (constant weights, group, layout) and config facts (dtypes,
+granularities) and returns :class:`Accept` or :class:`Reject` with a reason, never a bare bool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
+
+import onnx_ir as ir
+
+if TYPE_CHECKING:
+    from requant.quantizers.config import QuantizationConfig
+
+__all__ = ["Accept", "Check", "Match", "Pattern", "Reject", "SupportTable", "Verdict"]
+
+
+@dataclass(frozen=True)
+class Accept:
+    """The pattern can be quantized with the config."""
+
+    @property
+    def accepted(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "accepted"
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The pattern cannot be quantized with the config, for ``reason`` (at ``at``, if one node is to blame)."""
+
+    reason: str
+    at: ir.Node | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        where = f" (at {self.at.name or self.at.op_type})" if self.at is not None else ""
+        return f"{self.reason}{where}"
+
+
+Verdict: TypeAlias = Accept | Reject
+
+
+@dataclass(frozen=True)
+class Match:
+    """Nodes that matched a pattern, in pattern order."""
+
+    pattern: Pattern
+    nodes: tuple[ir.Node, ...]
+
+    @property
+    def name(self) -> str:
+        return " -> ".join(n.name or n.op_type for n in self.nodes)
+
+
+Check: TypeAlias = Callable[[Match, "QuantizationConfig"], Verdict]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A chain of op types, each consuming the previous one's only output, run as one kernel."""
+
+    ops: tuple[str, ...]
+    check: Check
+
+    @property
+    def name(self) -> str:
+        return "->".join(self.ops)
+
+
+@dataclass(frozen=True)
+class SupportTable:
+    """A target's patterns, longest first (the matcher tries them in this order)."""
+
+    name: str
+    patterns: tuple[Pattern, ...]
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))
+        object.__setattr__(self, "patterns", ordered)
+
+    def starting_with(self, op_type: str) -> list[Pattern]:
+        return [p for p in self.patterns if p.ops[0] == op_type]
+
+    def __str__(self) -> str:
+        return self.name
