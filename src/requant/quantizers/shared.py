@@ -88,11 +88,10 @@ class SharedSpecQuantizer:
 
     @staticmethod
     def _float_reason(node: ir.Node, sources: list[ir.Value | None]) -> str:
-        if not sources:
-            return "no data input"
+        # a data-movement op always has data, and onnx-ir names every value of a graph
+        assert sources and all(v is not None and v.name for v in sources), node
         for value in sources:
-            if value is None or not value.name:
-                return "a data input has no name (run unique-names)"
+            assert value is not None
             if node.op_type == "Gather" and constant(value) is not None:
                 return f"gathers from a constant table '{value.name}' (an embedding): the table is a weight"
             r = request(value)
