@@ -1,0 +1,336 @@
+"""Calibration observers: pure statistics, ``update(array)`` then ``compute(spec) -> quantized type``.
+
+They never touch the graph, the disk or a runtime session, and they merge, so statistics can be
+gathered in pieces (batches, passes, workers) and combined. Methods by name:
+
+``minmax``
+    the smallest and largest value seen (per tensor or per axis).
+``moving_average_minmax``
+    exponential moving averages of each batch's min and max (``averaging_constant``, 0.01).
+``percentile``
+    the range holding ``percentile`` percent (99.999) of the values, from a histogram.
+``entropy``
+    the clipping threshold minimizing the KL divergence between the histogram and its quantized
+    form, as TensorRT and TVM calibrate.
+``mse``
+    the clipping range minimizing the expected squared quantization error over the histogram.
+
+Histograms have ``bins`` bins (2048) over the range seen so far; when data falls outside it, the
+range doubles (as often as needed) and the old counts fold into the wider bins, so a histogram
+of many batches equals the histogram of their union up to that folding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.errors import RequantError
+from requant.ir.requests import QuantizationSpec, register_observer
+from requant.types import UniformType, from_range
+
+__all__ = [
+    "CalibrationError",
+    "Histogram",
+    "HistogramObserver",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "Observer",
+    "make_observer",
+    "register_method",
+]
+
+Array = npt.NDArray[Any]
+
+
+class CalibrationError(RequantError):
+    """Statistics that cannot give parameters (nothing observed, NaN everywhere...)."""
+
+
+class Observer:
+    """Statistics of one tensor; subclasses implement ``update``, ``merge`` and ``range``."""
+
+    axis: int | None = None
+
+    def update(self, array: Array) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: Observer) -> None:
+        raise NotImplementedError
+
+    def range(self, spec: QuantizationSpec) -> tuple[Array, Array]:
+        """(min, max) to quantize, per tensor (0-d) or per axis (1-d)."""
+        raise NotImplementedError
+
+    def compute(self, spec: QuantizationSpec, expressed: str = "f32") -> UniformType:
+        lo, hi = self.range(spec)
+        axis = spec.axis if spec.granularity == "per_axis" else None
+        return from_range(
+            lo, hi, spec.storage, expressed, symmetric=spec.symmetric, narrow_range=spec.narrow_range, axis=axis
+        )
+
+
+def _finite(array: Array) -> Array:
+    flat = np.asarray(array, dtype=np.float64)
+    return flat[np.isfinite(flat)] if not np.isfinite(flat).all() else flat
+
+
+def _per_axis(array: Array, axis: int) -> tuple[Array, Array]:
+    moved = np.moveaxis(np.asarray(array, dtype=np.float64), axis, 0).reshape(array.shape[axis], -1)
+    with np.errstate(invalid="ignore"):
+        masked = np.where(np.isfinite(moved), moved, np.nan)
+        return np.nanmin(masked, axis=1), np.nanmax(masked, axis=1)
+
+
+@dataclass
+class MinMaxObserver(Observer):
+    """The smallest and largest finite value seen; per axis when ``axis`` is set."""
+
+    axis: int | None = None
+    lo: Array | None = None
+    hi: Array | None = None
+
+    def update(self, array: Array) -> None:
+        if array.size == 0:
+            return
+        if self.axis is None:
+            values = _finite(array)
+            if values.size == 0:
+                return
+            lo, hi = np.array(values.min()), np.array(values.max())
+        else:
+            lo, hi = _per_axis(array, self.axis)
+        self.lo = lo if self.lo is None else np.fmin(self.lo, lo)
+        self.hi = hi if self.hi is None else np.fmax(self.hi, hi)
+
+    def merge(self, other: Observer) -> None:
+        assert isinstance(other, MinMaxObserver)
+        if other.lo is not None and other.hi is not None:
+            self.lo = other.lo if self.lo is None else np.fmin(self.lo, other.lo)
+            self.hi = other.hi if self.hi is None else np.fmax(self.hi, other.hi)
+
+    def range(self, spec: QuantizationSpec) -> tuple[Array, Array]:
+        if self.lo is None or self.hi is None or np.isnan(self.lo).any():
+            raise CalibrationError("no finite value was observed")
+        return self.lo, self.hi
+
+
+@dataclass
+class MovingAverageMinMaxObserver(MinMaxObserver):
+    """Exponential moving averages of each update's min and max."""
+
+    averaging_constant: float = 0.01
+
+    def update(self, array: Array) -> None:
+        batch = MinMaxObserver(self.axis)
+        batch.update(array)
+        if batch.lo is None or batch.hi is None:
+            return
+        if self.lo is None or self.hi is None:
+            self.lo, self.hi = batch.lo, batch.hi
+        else:
+            c = self.averaging_constant
+            self.lo = self.lo + c * (batch.lo - self.lo)
+            self.hi = self.hi + c * (batch.hi - self.hi)
+
+
+@dataclass
+class Histogram:
+    """Counts of values in ``bins`` equal bins over [lo, hi]; the range only ever widens (doubling)."""
+
+    bins: int = 2048
+    lo: float = 0.0
+    hi: float = 0.0
+    counts: Array = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    data_lo: float = math.inf  # the true extremes seen (the bins may extend past them)
+    data_hi: float = -math.inf
+
+    @property
+    def empty(self) -> bool:
+        return self.counts.size == 0 or not self.counts.any()
+
+    def _widen(self, lo: float, hi: float) -> None:
+        if self.counts.size == 0:
+            span = max(hi - lo, 1e-12)
+            self.lo, self.hi = lo, lo + span
+            self.counts = np.zeros(self.bins, dtype=np.int64)
+            return
+        while lo < self.lo or hi > self.hi:
+            span = self.hi - self.lo
+            # double, keeping the old range on the side the data did not leave
+            grow_low = lo < self.lo and (hi <= self.hi or self.lo - lo > hi - self.hi)
+            new_lo, new_hi = (self.lo - span, self.hi) if grow_low else (self.lo, self.hi + span)
+            folded = self.counts.reshape(-1, 2).sum(axis=1)
+            counts = np.zeros(self.bins, dtype=np.int64)
+            counts[self.bins // 2 :] = folded if grow_low else 0
+            counts[: self.bins // 2] = 0 if grow_low else folded
+            self.lo, self.hi, self.counts = new_lo, new_hi, counts
+
+    def update(self, values: Array) -> None:
+        values = _finite(values).reshape(-1)
+        if values.size == 0:
+            return
+        lo, hi = float(values.min()), float(values.max())
+        self.data_lo, self.data_hi = min(self.data_lo, lo), max(self.data_hi, hi)
+        self._widen(lo, hi)
+        index = ((values - self.lo) * (self.bins / (self.hi - self.lo))).astype(np.int64)
+        np.clip(index, 0, self.bins - 1, out=index)
+        self.counts += np.bincount(index, minlength=self.bins)
+
+    def merge(self, other: Histogram) -> None:
+        if other.empty:
+            return
+        edges = np.linspace(other.lo, other.hi, other.bins + 1)
+        centers = (edges[:-1] + edges[1:]) / 2
+        self.data_lo, self.data_hi = min(self.data_lo, other.data_lo), max(self.data_hi, other.data_hi)
+        self._widen(other.lo, other.hi)
+        index = ((centers - self.lo) * (self.bins / (self.hi - self.lo))).astype(np.int64)
+        np.clip(index, 0, self.bins - 1, out=index)
+        self.counts += np.bincount(index, weights=other.counts, minlength=self.bins).astype(np.int64)
+
+    @property
+    def edges(self) -> Array:
+        return np.linspace(self.lo, self.hi, self.bins + 1)
+
+
+@dataclass
+class HistogramObserver(Observer):
+    """A histogram, and a rule turning it into a range (``percentile``, ``entropy`` or ``mse``)."""
+
+    rule: str = "percentile"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    histogram: Histogram = field(default_factory=Histogram)
+
+    def __post_init__(self) -> None:
+        self.histogram = Histogram(int(self.options.get("bins", 2048)))
+
+    def update(self, array: Array) -> None:
+        self.histogram.update(array)
+
+    def merge(self, other: Observer) -> None:
+        assert isinstance(other, HistogramObserver)
+        self.histogram.merge(other.histogram)
+
+    def range(self, spec: QuantizationSpec) -> tuple[Array, Array]:
+        h = self.histogram
+        if h.empty:
+            raise CalibrationError("no finite value was observed")
+        rules = {"percentile": _percentile_range, "entropy": _entropy_range, "mse": _mse_range}
+        lo, hi = rules[self.rule](h, spec, self.options)
+        return np.array(lo), np.array(hi)
+
+
+def _percentile_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, Any]) -> tuple[float, float]:
+    p = float(options.get("percentile", 99.999))
+    if not 50.0 < p <= 100.0:
+        raise CalibrationError(f"percentile must be in (50, 100], got {p}")
+    cdf = np.cumsum(h.counts) / h.counts.sum()
+    edges = h.edges
+    hi = min(float(edges[min(int(np.searchsorted(cdf, p / 100.0)) + 1, h.bins)]), h.data_hi)
+    lo = max(float(edges[int(np.searchsorted(cdf, 1.0 - p / 100.0))]), h.data_lo)
+    if spec.symmetric:
+        bound = max(abs(lo), abs(hi))
+        return -bound, bound
+    return lo, hi
+
+
+def _levels(spec: QuantizationSpec) -> int:
+    bits = int(spec.storage[1:])
+    return (1 << bits) - (1 if spec.narrow_range else 0)
+
+
+def _abs_histogram(h: Histogram) -> tuple[Array, float]:
+    """Counts of |x| over [0, max|x|] on the same bin width."""
+    top = max(abs(h.data_lo), abs(h.data_hi))
+    width = (h.hi - h.lo) / h.bins
+    n = max(1, math.ceil(top / width))
+    centers = (h.edges[:-1] + h.edges[1:]) / 2
+    index = np.clip((np.abs(centers) / width).astype(np.int64), 0, n - 1)
+    return np.bincount(index, weights=h.counts, minlength=n), n * width
+
+
+def _entropy_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, Any]) -> tuple[float, float]:
+    """TensorRT's KL calibration on |x|: the threshold whose clipped, quantized histogram diverges least."""
+    counts, top = _abs_histogram(h)
+    n = counts.size
+    quant_bins = _levels(spec) // 2
+    if n <= quant_bins:
+        return (-top, top) if spec.symmetric or h.data_lo < 0 else (0.0, top)
+    best, best_i = math.inf, n
+    total = counts.sum()
+    for i in range(quant_bins, n + 1, max(1, (n - quant_bins) // 256)):
+        reference = counts[:i].astype(np.float64).copy()
+        reference[-1] += counts[i:].sum()
+        groups = np.array_split(np.arange(i), quant_bins)
+        quantized = np.zeros(i)
+        for g in groups:
+            nonzero = counts[g] > 0
+            if nonzero.any():
+                quantized[g[nonzero]] = counts[g].sum() / nonzero.sum()
+        p = reference / total
+        q = quantized / max(quantized.sum(), 1e-12)
+        mask = p > 0
+        q = np.where(mask & (q == 0), 1e-12, q)
+        divergence = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if divergence < best:
+            best, best_i = divergence, i
+    threshold = min(best_i * (h.hi - h.lo) / h.bins, top)
+    if spec.symmetric or h.data_lo < 0:
+        return -threshold, threshold
+    return 0.0, threshold
+
+
+def _mse_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, Any]) -> tuple[float, float]:
+    """The clipping range (a shrinking of the observed one) with the least expected squared error."""
+    centers = (h.edges[:-1] + h.edges[1:]) / 2
+    weights = h.counts.astype(np.float64)
+    levels = _levels(spec) - 1
+    best, best_range = math.inf, (h.data_lo, h.data_hi)
+    for fraction in np.linspace(0.3, 1.0, 71):
+        lo = min(h.data_lo * fraction, 0.0)
+        hi = max(h.data_hi * fraction, 0.0)
+        if spec.symmetric:
+            bound = max(-lo, hi)
+            lo, hi = -bound, bound
+        step = (hi - lo) / levels if hi > lo else 1.0
+        clipped = np.clip(centers, lo, hi)
+        error = (clipped - centers) ** 2 + step**2 / 12.0
+        mse = float(np.dot(weights, error))
+        if mse < best:
+            best, best_range = mse, (lo, hi)
+    return best_range
+
+
+Factory = Callable[[QuantizationSpec, int | None], Observer]
+
+_METHODS: dict[str, Factory] = {
+    "minmax": lambda spec, axis: MinMaxObserver(axis),
+    "moving_average_minmax": lambda spec, axis: MovingAverageMinMaxObserver(
+        axis, averaging_constant=float(spec.observer_options.get("averaging_constant", 0.01))
+    ),
+    "percentile": lambda spec, axis: HistogramObserver("percentile", spec.observer_options),
+    "entropy": lambda spec, axis: HistogramObserver("entropy", spec.observer_options),
+    "mse": lambda spec, axis: HistogramObserver("mse", spec.observer_options),
+}
+
+
+def register_method(name: str, factory: Factory) -> None:
+    """Make a calibration method of your own available by name: ``factory(spec, axis) -> Observer``."""
+    register_observer(name)
+    _METHODS[name] = factory
+
+
+def make_observer(spec: QuantizationSpec, axis: int | None = None) -> Observer:
+    """The observer a spec asks for (per axis when ``axis`` is given and the method supports it)."""
+    factory = _METHODS.get(spec.observer)
+    if factory is None:
+        raise CalibrationError(f"no calibration method named {spec.observer!r}; known: {', '.join(sorted(_METHODS))}")
+    observer = factory(spec, axis)
+    if axis is not None and observer.axis is None:
+        raise CalibrationError(f"calibration method {spec.observer!r} observes whole tensors, not per axis")
+    return observer

@@ -1,0 +1,99 @@
+"""Calibration observers: ranges from statistics, merging, degenerate data, user methods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from requant.calibration import CalibrationError, MinMaxObserver, Observer, make_observer, register_method
+from requant.quantizers import QuantizationSpec
+from requant.types import UniformQuantizedPerAxisType, UniformQuantizedType
+
+RNG = np.random.default_rng(0)
+
+
+def spec(method: str, **kw: object) -> QuantizationSpec:
+    return QuantizationSpec(observer=method, **kw)  # type: ignore[arg-type]
+
+
+def test_minmax_per_tensor_and_per_axis_ignore_nan_and_inf() -> None:
+    o = MinMaxObserver()
+    o.update(np.array([1.0, np.nan, -2.0, np.inf], np.float32))
+    o.update(np.array([3.0], np.float32))
+    assert o.range(spec("minmax")) == (-2.0, 3.0)
+    w = RNG.standard_normal((4, 3, 2))
+    a = make_observer(spec("minmax", granularity="per_axis", axis=0), axis=0)
+    a.update(w)
+    lo, hi = a.range(spec("minmax"))
+    assert np.array_equal(lo, w.reshape(4, -1).min(1)) and np.array_equal(hi, w.reshape(4, -1).max(1))
+    t = a.compute(QuantizationSpec("int8", True, granularity="per_axis", axis=0))
+    assert isinstance(t, UniformQuantizedPerAxisType) and len(t.scales) == 4
+
+
+def test_nothing_observed_is_an_error() -> None:
+    for method in ("minmax", "percentile", "entropy", "mse"):
+        o = make_observer(spec(method))
+        o.update(np.array([np.nan, np.nan], np.float32))
+        with pytest.raises(CalibrationError, match="no finite value was observed"):
+            o.compute(spec(method))
+
+
+def test_minmax_merge_is_exact_and_histograms_merge_like_their_union() -> None:
+    x = RNG.standard_normal(20000)
+    a, b, whole = MinMaxObserver(), MinMaxObserver(), MinMaxObserver()
+    a.update(x[:7000]), b.update(x[7000:] * 5), whole.update(np.concatenate([x[:7000], x[7000:] * 5]))
+    a.merge(b)
+    assert a.range(spec("minmax")) == whole.range(spec("minmax"))
+    h1, h2, hw = (make_observer(spec("percentile")) for _ in range(3))
+    h1.update(x[:7000]), h2.update(x[7000:] * 5), hw.update(np.concatenate([x[:7000], x[7000:] * 5]))
+    h1.merge(h2)
+    width = (hw.histogram.hi - hw.histogram.lo) / hw.histogram.bins  # type: ignore[attr-defined]
+    for got, want in zip(h1.range(spec("percentile")), hw.range(spec("percentile")), strict=True):
+        assert abs(float(got) - float(want)) <= 4 * width
+
+
+def test_percentile_entropy_and_mse_clip_outliers_sensibly() -> None:
+    x = RNG.standard_normal(200000)
+    x[:3] = 50.0  # three wild outliers
+    ranges = {}
+    for method in ("minmax", "percentile", "entropy", "mse"):
+        o = make_observer(
+            spec(
+                method,
+                dtype="int8",
+                symmetric=True,
+                observer_options={"percentile": 99.99} if method == "percentile" else {},
+            )
+        )
+        for chunk in np.array_split(x, 20):
+            o.update(chunk)
+        ranges[method] = float(o.range(spec(method, dtype="int8", symmetric=True))[1])
+    assert ranges["minmax"] == 50.0
+    assert 3.0 < ranges["percentile"] < 5.0  # the 99.99th percentile of |N(0,1)| is about 3.9
+    assert 3.0 < ranges["entropy"] < 10.0
+    assert ranges["mse"] <= 50.0
+
+
+def test_uniform_percentile_is_the_quantile() -> None:
+    x = np.linspace(0.0, 1.0, 100001)
+    o = make_observer(spec("percentile", observer_options={"percentile": 99.0}))
+    o.update(x)
+    lo, hi = o.range(spec("percentile"))
+    assert abs(float(hi) - 0.99) < 2e-3 and abs(float(lo) - 0.01) < 2e-3
+
+
+def test_users_register_their_own_method() -> None:
+    class Fixed(Observer):
+        def update(self, array: np.ndarray) -> None:
+            pass
+
+        def merge(self, other: Observer) -> None:
+            pass
+
+        def range(self, spec: QuantizationSpec) -> tuple[np.ndarray, np.ndarray]:
+            return np.array(-1.0), np.array(1.0)
+
+    register_method("unit_range", lambda spec, axis: Fixed())
+    s = QuantizationSpec("int8", True, observer="unit_range")
+    t = make_observer(s).compute(s)
+    assert isinstance(t, UniformQuantizedType) and t.scale == float(np.float32(1 / 127.5))
