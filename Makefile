@@ -5,7 +5,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean
 
-$(STAMP): pyproject.toml requirements/models.txt
+build:
+	mkdir -p build
+
+$(STAMP): pyproject.toml requirements/models.txt | build
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
@@ -14,10 +17,10 @@ $(STAMP): pyproject.toml requirements/models.txt
 
 setup: $(STAMP)
 
-# The main job. Until `requant quantize` lands, it runs the type tool on a real per-channel type.
+# The main job: quantize the bundled digits CNN with its bundled data, report accuracy and speed.
 demo: $(STAMP)
-	$(VENV)/bin/requant type 'tensor<16x3x3x3x!quant.uniform<i8<-127:127>:f32:0, {0.0125,0.0311,0.0047,0.02,0.0125,0.0311,0.0047,0.02,0.0125,0.0311,0.0047,0.02,0.0125,0.0311,0.0047,0.02}>>'
-	$(VENV)/bin/requant type '!quant.uniform<u8:f32, 0.0186274509803921:114>'
+	$(VENV)/bin/requant quantize examples/digits/digits_cnn.onnx -o build/digits_cnn_int8.onnx \
+		--calib examples/digits/calib.npz --eval examples/digits/eval.npz --report-json build/digits_report.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -1,0 +1,195 @@
+"""requant's main job: ``quantize(model, calibration_data)``, and its steps for those who want to look between them.
+
+``prepare`` (load, canonicalize, annotate) -> ``calibrate`` (observers over the data) ->
+``convert`` (propagate, write QDQ, lint). ``quantize`` runs them all and measures the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from requant.backends import materialize_qdq
+from requant.calibration.calibrate import calibrate as _calibrate
+from requant.calibration.data import iter_samples
+from requant.calibration.propagate import propagate
+from requant.calibration.runner import Progress, terminal_progress
+from requant.errors import RequantError
+from requant.frontends import load, save_onnx
+from requant.passes import get_passes, run_passes
+from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer, QuantizerReport
+from requant.report.lint import LintResult, lint
+
+__all__ = ["QuantizedModel", "calibrate", "convert", "prepare", "quantize"]
+
+log = logging.getLogger("requant")
+TARGETS = ("onnxruntime-cpu",)
+
+
+@dataclass
+class QuantizedModel:
+    """The quantized model and its report (a JSON-able dict); ``save(path)`` writes the model."""
+
+    model: ir.Model
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        save_onnx(self.model, path)
+
+
+def prepare(
+    source: Any, quantizer: Quantizer | None = None, target: str = "onnxruntime-cpu", **load_options: Any
+) -> tuple[ir.Model, QuantizerReport]:
+    """Load, canonicalize and annotate (with ``quantizer``, or int8 with per-channel weights)."""
+    if target not in TARGETS:
+        raise RequantError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    model = load(source, **load_options)
+    model, _ = run_passes(model, get_passes("canonicalize"))
+    quantizer = quantizer or Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS)
+    return model, quantizer.quantize(model)
+
+
+def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: Progress | None = None) -> list[Any]:
+    """Calibrated types on every value that asks for a spec; returns what each observer chose."""
+    return _calibrate(model, data, method, progress)
+
+
+def convert(model: ir.Model) -> tuple[ir.Model, list[Any], LintResult]:
+    """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime."""
+    notes = propagate(model)
+    model = materialize_qdq(model)
+    return model, notes, lint(model)
+
+
+def _session(model: ir.Model) -> Any:
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        ir.serde.serialize_model(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _latency_ms(session: Any, sample: Mapping[str, np.ndarray], runs: int = 50) -> float:
+    for _ in range(5):
+        session.run(None, dict(sample))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, dict(sample))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def _size(model: ir.Model) -> int:
+    return int(ir.serde.serialize_model(model).ByteSize())
+
+
+def _agreement(float_model: ir.Model, quantized: ir.Model, data: Any) -> dict[str, float]:
+    """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
+    f_session, q_session = _session(float_model), _session(quantized)
+    labels = None
+    if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz":
+        with np.load(data) as archive:
+            if "labels" in archive.files:
+                labels = archive["labels"]
+                data = {k: archive[k] for k in archive.files if k != "labels"}
+    outs_f, outs_q = [], []
+    for sample in iter_samples(float_model, data):
+        outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))
+        outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
+    f, q = np.concatenate(outs_f), np.concatenate(outs_q)
+    f2, q2 = f.reshape(len(f), -1), q.reshape(len(q), -1)
+    cosine = float(np.mean(np.sum(f2 * q2, 1) / (np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12)))
+    noise = float(np.sum((f - q) ** 2))
+    metrics = {
+        "samples": float(len(f)),
+        "top1_agreement": float(np.mean(f2.argmax(1) == q2.argmax(1))),
+        "cosine_similarity": cosine,
+        "sqnr_db": float(10 * np.log10(np.sum(f**2) / noise)) if noise > 0 else float("inf"),
+    }
+    if labels is not None:
+        metrics["float_accuracy"] = float(np.mean(f2.argmax(1) == labels[: len(f2)]))
+        metrics["int8_accuracy"] = float(np.mean(q2.argmax(1) == labels[: len(q2)]))
+    return metrics
+
+
+def quantize(
+    model: Any,
+    calibration_data: Any,
+    target: str = "onnxruntime-cpu",
+    quantizer: Quantizer | None = None,
+    method: str | None = None,
+    output: str | os.PathLike[str] | None = None,
+    eval_data: Any = None,
+    progress: Progress | None = None,
+    **load_options: Any,
+) -> QuantizedModel:
+    """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
+
+    ``method`` overrides the calibration method of activations (``minmax``, ``percentile``,
+    ``entropy``, ``mse``...). With ``eval_data`` the report compares the outputs of the float and
+    quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
+    """
+    started = time.perf_counter()
+    prepared, quantizer_report = prepare(model, quantizer, target, **load_options)
+    float_model = ir.serde.deserialize_model(ir.serde.serialize_model(prepared))
+    chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
+    quantized, notes, lint_result = convert(prepared)
+    report: dict[str, Any] = {
+        "target": target,
+        "quantizers": quantizer_report.to_json(),
+        "calibrated": [c.__dict__ for c in chosen],
+        "propagated": [n.__dict__ for n in notes],
+        "lint": lint_result.to_json(),
+        "size_bytes": {"float": _size(float_model), "quantized": _size(quantized)},
+        "quantize_seconds": time.perf_counter() - started,
+    }
+    sample = next(iter(iter_samples(float_model, calibration_data)))
+    report["latency_ms_batch1"] = {
+        "float": _latency_ms(_session(float_model), sample),
+        "quantized": _latency_ms(_session(quantized), sample),
+    }
+    if eval_data is not None:
+        report["evaluation"] = _agreement(float_model, quantized, eval_data)
+    result = QuantizedModel(quantized, report)
+    result.report["summary"] = summary(result.report, lint_result)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
+    """The text printed at the end of ``requant quantize``."""
+    size, latency = report["size_bytes"], report["latency_ms_batch1"]
+    lines = [
+        f"target: {report['target']}",
+        lint_result.text(),
+        f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
+        f"({size['quantized'] / size['float']:.2f}x)",
+        f"latency, batch 1: {latency['float']:.3f} ms -> {latency['quantized']:.3f} ms "
+        f"({latency['quantized'] / latency['float']:.2f}x)",
+    ]
+    ev = report.get("evaluation")
+    if ev:
+        if "float_accuracy" in ev:
+            lines.append(
+                f"accuracy: float {ev['float_accuracy']:.4f}, int8 {ev['int8_accuracy']:.4f} "
+                f"({int(ev['samples'])} samples)"
+            )
+        lines.append(
+            f"agreement with float: top-1 {ev['top1_agreement']:.4f}, cosine {ev['cosine_similarity']:.5f}, "
+            f"SQNR {ev['sqnr_db']:.1f} dB"
+        )
+    lines.append(f"quantized in {report['quantize_seconds']:.1f} s")
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""Materialize types as QDQ ONNX: what ONNX Runtime (and TensorRT, OpenVINO) fuse into int8 kernels.
+
+- A weight or bias (an initializer with a type) is stored quantized (int8, int4, int32...) and
+  read through a ``DequantizeLinear``: per tensor, per axis (``axis``) or blocked (``axis``,
+  ``block_size``).
+- An activation with a type gets ``QuantizeLinear -> DequantizeLinear`` right after it is
+  produced; its consumers read the dequantized value, so ``DQ -> op -> Q`` patterns appear around
+  every kernel for the runtime to fuse. A graph output keeps its name on the dequantized value.
+- Identical types share one pair of scale and zero-point initializers.
+
+Models whose types need opset 21 (16-bit or 4-bit storage, blocked weights) are converted up
+with ONNX's version converter first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnx_ir as ir
+
+from requant.errors import RequantError
+from requant.ir.annotations import load_annotations, quant_type, replace_value, set_quant_type
+from requant.types import (
+    UniformQuantizedPerAxisType,
+    UniformQuantizedSubChannelType,
+    UniformQuantizedType,
+    UniformType,
+    qcast,
+)
+
+__all__ = ["ExportError", "materialize_qdq"]
+
+log = logging.getLogger("requant.backends")
+
+STORAGE_DTYPES: dict[str, ir.DataType] = {
+    "i8": ir.DataType.INT8,
+    "u8": ir.DataType.UINT8,
+    "i16": ir.DataType.INT16,
+    "u16": ir.DataType.UINT16,
+    "i32": ir.DataType.INT32,
+    "i4": ir.DataType.INT4,
+    "u4": ir.DataType.UINT4,
+}
+_FLOATS = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+_UNIFORM = (UniformQuantizedType, UniformQuantizedPerAxisType, UniformQuantizedSubChannelType)
+
+
+class ExportError(RequantError):
+    """A type that ONNX's QuantizeLinear/DequantizeLinear cannot express."""
+
+
+@dataclass(frozen=True)
+class _Params:
+    scale: ir.Value
+    zero_point: ir.Value
+    attributes: dict[str, int]
+
+
+def _needed_opset(types: list[UniformType]) -> int:
+    needed = 13
+    for t in types:
+        if t.storage in ("i16", "u16", "i4", "u4") or isinstance(t, UniformQuantizedSubChannelType):
+            needed = 21
+    return needed
+
+
+def _arrays(t: UniformType, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[Any], dict[str, int]]:
+    float_type = _FLOATS.get(t.expressed)
+    if float_type is None:
+        raise ExportError(f"value '{name}': ONNX scales are float32, float16 or double, not {t.expressed}")
+    if t.storage not in STORAGE_DTYPES:
+        raise ExportError(f"value '{name}': ONNX has no {t.storage} quantized type ({', '.join(STORAGE_DTYPES)})")
+    if (t.has_storage_bounds and t.storage not in ("i8", "u8")) or (
+        t.has_storage_bounds and (t.storage_min, t.storage_max) not in ((-127, 127), (1, 255))
+    ):
+        log.info("value '%s': storage bounds %s are kept by the scale choice, not by ONNX", name, t)
+    storage = t.storage_type.numpy_dtype
+    if isinstance(t, UniformQuantizedType):
+        return np.array(t.scale, float_type), np.array(t.zero_point, storage), {}
+    if isinstance(t, UniformQuantizedPerAxisType):
+        return np.array(t.scales, float_type), np.array(t.zero_points, storage), {"axis": t.axis}
+    blocked = [(axis, size) for axis, size in t.block_sizes if size > 1]
+    if len(blocked) != 1:
+        raise ExportError(f"value '{name}': ONNX blocks exactly one axis; this type blocks {len(blocked)}: {t}")
+    axis, size = blocked[0]
+    attributes = {"axis": axis, "block_size": size}
+    return t.scales.astype(float_type), t.zero_points.astype(storage), attributes
+
+
+def _tensor(array: npt.NDArray[Any], dtype: ir.DataType, name: str) -> ir.TensorProtocol:
+    if dtype in (ir.DataType.INT4, ir.DataType.UINT4):
+        return ir.Tensor(array, dtype=dtype, name=name)
+    return ir.Tensor(np.array(array, order="C", copy=True), name=name)  # (ascontiguousarray makes 0-d 1-d)
+
+
+class _Builder:
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.cache: dict[str, _Params] = {}
+        self.taken = {str(v.name) for v in graph.inputs} | set(graph.initializers)
+        self.taken |= {str(o.name) for n in graph for o in n.outputs if o.name}
+
+    def name(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.taken:
+            name, i = f"{base}_{i}", i + 1
+        self.taken.add(name)
+        return name
+
+    def initializer(self, base: str, array: npt.NDArray[Any], dtype: ir.DataType | None = None) -> ir.Value:
+        name = self.name(base)
+        tensor = _tensor(array, dtype or ir.DataType.from_numpy(array.dtype), name)
+        value = ir.Value(
+            name=name, shape=ir.Shape(tensor.shape.numpy()), type=ir.TensorType(tensor.dtype), const_value=tensor
+        )
+        self.graph.register_initializer(value)
+        return value
+
+    def params(self, t: UniformType, owner: str) -> _Params:
+        key = str(t)
+        if key not in self.cache:
+            scale, zero_point, attributes = _arrays(t, owner)
+            self.cache[key] = _Params(
+                self.initializer(f"{owner}_scale", scale),
+                self.initializer(f"{owner}_zero_point", zero_point, STORAGE_DTYPES[t.storage]),
+                attributes,
+            )
+        return self.cache[key]
+
+    def node(self, op: str, inputs: list[ir.Value], attributes: dict[str, int], out: str) -> ir.Node:
+        attrs = [ir.AttrInt64(k, v) for k, v in attributes.items()]
+        node = ir.Node("", op, inputs=inputs, attributes=attrs, num_outputs=1)
+        node.outputs[0].name = self.name(out)
+        return node
+
+
+def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
+    assert value.const_value is not None
+    name = str(value.name)
+    stored = qcast(value.const_value.numpy(), t)
+    quantized = builder.initializer(f"{name}_quantized", stored, STORAGE_DTYPES[t.storage])
+    set_quant_type(quantized, t)
+    params = builder.params(t, name)
+    dq = builder.node("DequantizeLinear", [quantized, params.scale, params.zero_point], params.attributes, f"{name}_dq")
+    out = dq.outputs[0]
+    out.type, out.shape = value.type, value.shape
+    builder.graph.insert_before(first, dq)
+    del builder.graph.initializers[name]
+    replace_value(value, out)
+    out.name = name  # consumers read the weight under its own name
+    set_quant_type(out, None)
+
+
+def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
+    name = str(value.name)
+    params = builder.params(t, name)
+    uses = list(value.uses())
+    was_output = value.is_graph_output()
+    q = builder.node("QuantizeLinear", [value, params.scale, params.zero_point], params.attributes, f"{name}_quantized")
+    quantized = q.outputs[0]
+    quantized.type = ir.TensorType(STORAGE_DTYPES[t.storage])
+    quantized.shape = value.shape
+    dq = builder.node("DequantizeLinear", [quantized, params.scale, params.zero_point], params.attributes, f"{name}_dq")
+    out = dq.outputs[0]
+    out.type, out.shape = value.type, value.shape
+    producer = value.producer()
+    if producer is not None:
+        builder.graph.insert_after(producer, [q, dq])
+    else:
+        builder.graph.insert_before(first, [q, dq])
+    for use in uses:
+        use.node.replace_input_with(use.idx, out)
+    if was_output:
+        for i, output in enumerate(builder.graph.outputs):
+            if output is value:
+                builder.graph.outputs[i] = out
+        value.name, out.name = builder.name(f"{name}_float"), name
+    set_quant_type(quantized, t)
+
+
+def materialize_qdq(model: ir.Model) -> ir.Model:
+    """Write every type on the main graph's values as QuantizeLinear/DequantizeLinear; returns the model.
+
+    The returned model may be a new object (when the opset had to be raised).
+    """
+    graph = model.graph
+    typed = [
+        (v, t)
+        for v in [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+        if isinstance(t := quant_type(v), _UNIFORM)
+    ]
+    if not typed:
+        return model
+    needed = _needed_opset([t for _, t in typed])
+    current = model.opset_imports.get("", 0)
+    if current < needed:
+        log.info("raising the opset from %d to %d for the quantized types (ONNX's version converter)", current, needed)
+        proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), needed)
+        model = ir.serde.deserialize_model(proto)
+        load_annotations(model)
+        return materialize_qdq(model)
+    builder = _Builder(graph)
+    first = next(iter(graph))
+    for value, t in typed:
+        if value.const_value is not None and value.is_initializer() and not value.is_graph_input():
+            _weight(builder, value, t, first)
+            first = next(iter(graph))
+        elif value.const_value is None:
+            _activation(builder, value, t, first)
+            first = next(iter(graph))
+    graph.sort()
+    return model

@@ -1,0 +1,109 @@
+"""Calibrate: turn every ``QuantizationSpec`` request into a ``!quant.uniform`` type.
+
+Weights (initializers) are measured directly from their data; activations by running the float
+model over the calibration data (:mod:`requant.calibration.runner`). The chosen type goes on the
+value as its annotation; the returned records say which observer chose it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx_ir as ir
+
+from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, make_observer
+from requant.calibration.runner import Progress, collect
+from requant.errors import QuantTypeError
+from requant.ir.annotations import element_name, request, set_quant_type
+from requant.ir.requests import QuantizationSpec
+from requant.types import UniformType, from_range
+
+__all__ = ["Calibrated", "calibrate", "weight_type"]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """Which type a value got, and how."""
+
+    value: str
+    type: str
+    observer: str
+    kind: str  # "weight" or "activation"
+
+
+def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str) -> UniformType:
+    """The type for constant ``data`` (min/max over the spec's granularity)."""
+    values = np.asarray(data, dtype=np.float64)
+    sym, narrow = spec.symmetric, spec.narrow_range
+    try:
+        if spec.granularity == "per_tensor":
+            return from_range(
+                values.min(initial=0.0),
+                values.max(initial=0.0),
+                spec.storage,
+                expressed,
+                symmetric=sym,
+                narrow_range=narrow,
+            )
+        axis = spec.axis if spec.axis is not None and spec.axis >= 0 else values.ndim + (spec.axis or 0)
+        if spec.granularity == "per_axis":
+            moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+            return from_range(
+                moved.min(1), moved.max(1), spec.storage, expressed, symmetric=sym, narrow_range=narrow, axis=axis
+            )
+        block = spec.block_size or 1
+        if values.shape[axis] % block:
+            raise CalibrationError(
+                f"weight '{name}': its size {values.shape[axis]} on axis {axis} "
+                f"is not a multiple of the block size {block}"
+            )
+        grid = list(values.shape)
+        grid[axis] //= block
+        blocked = values.reshape(*values.shape[:axis], grid[axis], block, *values.shape[axis + 1 :])
+        lo, hi = blocked.min(axis=axis + 1), blocked.max(axis=axis + 1)
+        sizes = {i: (block if i == axis else 1) for i in range(values.ndim)}
+        return from_range(lo, hi, spec.storage, expressed, symmetric=sym, narrow_range=narrow, block_sizes=sizes)
+    except QuantTypeError as exc:
+        raise CalibrationError(f"weight '{name}': {exc}") from None
+
+
+def calibrate(
+    model: ir.Model, data: Any, method: str | None = None, progress: Progress | None = None
+) -> list[Calibrated]:
+    """Annotate every value that asks for a ``QuantizationSpec`` with its calibrated type.
+
+    ``method`` replaces the observer of activation requests (weights always use min/max).
+    """
+    graph = model.graph
+    records: list[Calibrated] = []
+    pending: dict[str, tuple[ir.Value, QuantizationSpec, Observer]] = {}
+    values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+    for value in values:
+        r = request(value)
+        if not isinstance(r, QuantizationSpec):
+            continue
+        expressed = element_name(value.dtype) or "f32"
+        if value.const_value is not None:
+            t = weight_type(value.const_value.numpy(), r, expressed, str(value.name))
+            set_quant_type(value, t)
+            records.append(Calibrated(str(value.name), str(t), "minmax", "weight"))
+            continue
+        spec = dataclasses.replace(r, observer=method) if method is not None else r
+        if spec.granularity != "per_tensor":
+            observer: Observer = MinMaxObserver(spec.axis)
+        else:
+            observer = make_observer(spec)
+        pending[str(value.name)] = (value, spec, observer)
+    count = collect(model, data, {name: obs for name, (_, _, obs) in pending.items()}, progress)
+    for name, (value, spec, observer) in pending.items():
+        try:
+            t = observer.compute(spec, element_name(value.dtype) or "f32")
+        except (CalibrationError, QuantTypeError) as exc:
+            raise CalibrationError(f"value '{name}' after {count} samples: {exc}") from None
+        set_quant_type(value, t)
+        records.append(Calibrated(name, str(t), spec.observer, "activation"))
+    return records

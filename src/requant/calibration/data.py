@@ -1,0 +1,140 @@
+"""Calibration data: samples as ``{input name: array}``, from files, dicts or iterables, checked against the model.
+
+Accepted forms:
+
+- a ``.npz`` file, or a dict ``{input name: array}``: arrays whose first axis indexes samples;
+  each sample keeps a batch dimension of 1;
+- a ``.npy`` file, or one array, for a single-input model, the same way;
+- a folder of ``.npz``/``.npy`` files, each one sample (or a batch), in file-name order;
+- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run.
+
+Every sample is checked before it is used: the model's inputs are all there and no other names
+are; ranks and static dimensions match (symbolic ones may differ from sample to sample); float
+arrays are cast to the input's float type, integer arrays to its integer type. A mismatch names
+the input and the sample.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx_ir as ir
+
+from requant.calibration.observers import CalibrationError
+
+__all__ = ["Sample", "check_sample", "iter_samples"]
+
+Sample = dict[str, npt.NDArray[Any]]
+
+
+def _inputs(model: ir.Model) -> list[ir.Value]:
+    return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+
+
+def check_sample(model: ir.Model, sample: Mapping[str, Any], where: str) -> Sample:
+    """The sample as the model takes it, or a :class:`CalibrationError` naming the input."""
+    if not isinstance(sample, Mapping):
+        raise CalibrationError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
+    inputs = _inputs(model)
+    names = {str(v.name) for v in inputs}
+    unknown = sorted(set(sample) - names)
+    if unknown:
+        raise CalibrationError(
+            f"{where}: the model has no input named {', '.join(map(repr, unknown))} "
+            f"(its inputs: {', '.join(sorted(names))})"
+        )
+    out: Sample = {}
+    for value in inputs:
+        name = str(value.name)
+        if name not in sample:
+            raise CalibrationError(f"{where}: input '{name}' is missing")
+        array = np.asarray(sample[name])
+        dtype = np.dtype(value.dtype.numpy()) if value.dtype is not None else array.dtype
+        if (np.issubdtype(dtype, np.floating) and np.issubdtype(array.dtype, np.number)) or (
+            np.issubdtype(dtype, np.integer) and np.issubdtype(array.dtype, np.integer)
+        ):
+            array = array.astype(dtype, copy=False)
+        elif array.dtype != dtype:
+            raise CalibrationError(f"{where}: input '{name}' expects {dtype}, got {array.dtype}")
+        if value.shape is not None:
+            if array.ndim != len(value.shape):
+                raise CalibrationError(
+                    f"{where}: input '{name}' expects rank {len(value.shape)} (shape {value.shape}), "
+                    f"got shape {array.shape}"
+                )
+            for axis, (want, got) in enumerate(zip(value.shape, array.shape, strict=True)):
+                if isinstance(want, int) and want != got:
+                    raise CalibrationError(
+                        f"{where}: input '{name}' expects size {want} on axis {axis} (shape {value.shape}), "
+                        f"got shape {array.shape}"
+                    )
+        out[name] = array
+    return out
+
+
+def _rows(arrays: Mapping[str, Any]) -> Iterator[Sample]:
+    lengths = {name: len(np.asarray(a)) for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise CalibrationError(f"calibration arrays differ in their number of samples: {lengths}")
+    count = next(iter(lengths.values()), 0)
+    for i in range(count):
+        yield {name: np.asarray(a)[i : i + 1] for name, a in arrays.items()}
+
+
+def _from_file(path: Path, single_input: str | None) -> Iterator[Sample]:
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            yield from _rows({k: data[k] for k in data.files})
+    elif path.suffix == ".npy":
+        if single_input is None:
+            raise CalibrationError(
+                f"'{path}': a .npy file can only feed a single-input model; use .npz with input names"
+            )
+        yield from _rows({single_input: np.load(path)})
+    else:
+        raise CalibrationError(f"'{path}': calibration files are .npz or .npy")
+
+
+def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+            if not files:
+                raise CalibrationError(f"'{path}' holds no .npz or .npy files")
+            for file in files:
+                if file.suffix == ".npz":
+                    with np.load(file) as data:
+                        yield {k: data[k] for k in data.files}
+                else:
+                    yield {single_input: np.load(file)} if single_input else {}
+            return
+        if not path.is_file():
+            raise CalibrationError(f"no calibration data at '{path}'")
+        yield from _from_file(path, single_input)
+    elif isinstance(source, np.ndarray):
+        if single_input is None:
+            raise CalibrationError("one array can only feed a single-input model; give a dict of input name -> array")
+        yield from _rows({single_input: source})
+    elif isinstance(source, Mapping):
+        yield from _rows(source)
+    elif isinstance(source, Iterable):
+        yield from source
+    else:
+        raise CalibrationError(f"cannot read calibration data from a {type(source).__name__}")
+
+
+def iter_samples(model: ir.Model, source: Any) -> Iterator[Sample]:
+    """The checked samples of ``source`` for ``model``; an empty source is an error."""
+    inputs = _inputs(model)
+    single = str(inputs[0].name) if len(inputs) == 1 else None
+    count = 0
+    for count, raw in enumerate(_raw(source, single), start=1):
+        yield check_sample(model, raw, f"calibration sample {count}")
+    if count == 0:
+        raise CalibrationError("the calibration data set is empty")

@@ -1,0 +1,147 @@
+"""Propagate: resolve fixed, shared and derived requests into types, after calibration.
+
+In a fixed order that does not depend on which node or quantizer came first: fixed requests,
+then shared ones (each follows its chain to a value with a type), then derived ones (a bias:
+scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
+whose quantized value would not fit int32 (tiny weight scales) raises that channel's weight scale
+just enough, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from requant.calibration.observers import CalibrationError
+from requant.ir.annotations import element_name, quant_type, request, set_quant_type
+from requant.ir.requests import DerivedSpec, FixedSpec, SharedSpec
+from requant.types import (
+    UniformQuantizedPerAxisType,
+    UniformQuantizedType,
+    UniformType,
+)
+
+__all__ = ["Propagated", "propagate"]
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Propagated:
+    """A type given by propagation, and why."""
+
+    value: str
+    type: str
+    why: str
+
+
+def _scales(t: UniformType) -> np.ndarray:
+    if isinstance(t, UniformQuantizedType):
+        return np.array([t.scale])
+    if isinstance(t, UniformQuantizedPerAxisType):
+        return np.array(t.scales)
+    raise CalibrationError(f"a bias can be derived from per-tensor or per-axis types, not {t}")
+
+
+def propagate(model: ir.Model) -> list[Propagated]:
+    """Give every value with a fixed, shared or derived request its type; returns what was done."""
+    graph = model.graph
+    values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+    by_name = {str(v.name): v for v in values if v.name}
+    notes: list[Propagated] = []
+
+    for value in values:
+        r = request(value)
+        if isinstance(r, FixedSpec):
+            fixed = r.quant_type(element_name(value.dtype) or "f32")
+            set_quant_type(value, fixed)
+            notes.append(Propagated(str(value.name), str(fixed), "fixed parameters"))
+
+    def root(value: ir.Value) -> ir.Value:
+        seen = {str(value.name)}
+        current = value
+        while True:
+            r = request(current)
+            if not isinstance(r, SharedSpec):
+                return current
+            if r.other in seen:
+                raise CalibrationError(f"shared requests form a cycle through {sorted(seen)}")
+            seen.add(r.other)
+            nxt = by_name.get(r.other)
+            if nxt is None:
+                raise CalibrationError(f"value '{current.name}' shares '{r.other}', which does not exist")
+            current = nxt
+
+    for value in values:
+        if isinstance(request(value), SharedSpec):
+            source = root(value)
+            shared = quant_type(source)
+            if shared is None:
+                raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
+            set_quant_type(value, shared)
+            notes.append(Propagated(str(value.name), str(shared), f"shared with '{source.name}'"))
+
+    for value in values:
+        r = request(value)
+        if not isinstance(r, DerivedSpec):
+            continue
+        sources = [by_name.get(s) for s in r.sources]
+        found = [quant_type(s) if s is not None else None for s in sources]
+        types = [t for t in found if isinstance(t, UniformType)]
+        if len(types) != len(found):
+            missing = [name for name, t in zip(r.sources, found, strict=True) if not isinstance(t, UniformType)]
+            raise CalibrationError(f"bias '{value.name}' is derived from {missing}, which got no uniform type")
+        scale = np.ones(1)
+        for t in types:
+            scale = scale * _scales(t)
+        data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
+        if data is not None:
+            scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
+            needed = np.abs(data) / _INT32_MAX
+            tight = scale < needed
+            if tight.any():
+                weight_name = r.sources[-1]
+                weight, wtype = by_name[weight_name], types[-1]
+                factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
+                new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
+                adjusted = _with_scales(wtype, new_scales)
+                set_quant_type(weight, adjusted)
+                scale = scale * factor
+                notes.append(
+                    Propagated(weight_name, str(adjusted), f"weight scale raised so bias '{value.name}' fits int32")
+                )
+        expressed = element_name(value.dtype) or "f32"
+        if expressed == "f32":  # the model stores f32 scales; the bias is quantized with exactly those
+            scale = scale.astype(np.float32).astype(np.float64)
+        storage = {"int32": "i32", "int16": "i16", "int8": "i8"}.get(r.dtype, "i32")
+        derived: UniformType
+        if scale.size == 1:
+            derived = UniformQuantizedType(storage, expressed, float(scale[0]))
+        else:
+            derived = UniformQuantizedPerAxisType(storage, expressed, 0, [float(s) for s in scale])
+        set_quant_type(value, derived)
+        notes.append(Propagated(str(value.name), str(derived), f"product of the scales of {', '.join(r.sources)}"))
+    return notes
+
+
+def _at_least(scale: float, expressed: str) -> float:
+    """``scale`` rounded up to the expressed type (f32 scales are what the model stores)."""
+    if expressed != "f32":
+        return scale
+    rounded = np.float32(scale)
+    if float(rounded) < scale:
+        rounded = np.nextafter(rounded, np.float32(np.inf))
+    return float(rounded)
+
+
+def _with_scales(t: UniformType, scales: np.ndarray) -> UniformType:
+    if isinstance(t, UniformQuantizedType):
+        scale = _at_least(float(scales.max()), t.expressed)
+        return UniformQuantizedType(t.storage, t.expressed, scale, t.zero_point, t.storage_min, t.storage_max)
+    assert isinstance(t, UniformQuantizedPerAxisType)
+    rounded = [_at_least(float(s), t.expressed) for s in scales]
+    return UniformQuantizedPerAxisType(
+        t.storage, t.expressed, t.axis, rounded, t.zero_points, t.storage_min, t.storage_max
+    )

@@ -1,0 +1,105 @@
+"""QuantLint for ONNX Runtime: what the runtime really did with a QDQ model.
+
+The model is loaded in ONNX Runtime with its optimized graph saved; that graph says which
+kernels became int8 kernels and which stayed float between a DequantizeLinear and a
+QuantizeLinear (the "quantized model is slower than float" complaint), which QuantizeLinear ->
+DequantizeLinear pairs were left with nothing fused between them, and which constants are
+dequantized at run time instead of being consumed by an int8 kernel.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort  # type: ignore[import-untyped]
+
+__all__ = ["INT8_KERNELS", "LintResult", "lint"]
+
+INT8_KERNELS = frozenset(
+    {
+        "QLinearConv", "QLinearConvTranspose", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul", "MatMulNBits", "QGemm", "ConvInteger", "QLinearAdd", "QLinearMul",
+        "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
+        "QLinearConcat", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QAttention",
+    }
+)  # fmt: skip
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+@dataclass
+class LintResult:
+    """What ONNX Runtime made of the model."""
+
+    int8_kernels: dict[str, int] = field(default_factory=dict)
+    float_between_qdq: list[str] = field(default_factory=list)
+    qdq_pairs: list[str] = field(default_factory=list)
+    dequantized_constants: list[str] = field(default_factory=list)
+    op_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> int:
+        return sum(self.int8_kernels.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "int8_kernels": self.int8_kernels,
+            "float_between_dequantize_and_quantize": self.float_between_qdq,
+            "leftover_quantize_dequantize_pairs": self.qdq_pairs,
+            "dequantized_constants": self.dequantized_constants,
+            "optimized_graph_ops": self.op_counts,
+        }
+
+    def text(self) -> str:
+        kernels = ", ".join(f"{k} x{v}" for k, v in sorted(self.int8_kernels.items())) or "none"
+        lines = [f"int8 kernels: {self.fused} ({kernels})"]
+        if self.float_between_qdq:
+            lines.append(
+                f"stayed float between DequantizeLinear and QuantizeLinear: {', '.join(self.float_between_qdq)}"
+            )
+        if self.qdq_pairs:
+            lines.append(f"QuantizeLinear -> DequantizeLinear with nothing fused: {len(self.qdq_pairs)}")
+        if self.dequantized_constants:
+            lines.append(f"constants dequantized at run time: {len(self.dequantized_constants)}")
+        return "\n".join(lines)
+
+
+def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
+    """Load ``model`` in ONNX Runtime (CPU, extended optimizations) and read its optimized graph."""
+    proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        options.log_severity_level = 3
+        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    graph = optimized.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    constants = {init.name for init in graph.initializer}
+    result = LintResult(op_counts=dict(Counter(n.op_type for n in graph.node)))
+    result.int8_kernels = dict(Counter(n.op_type for n in graph.node if n.op_type in INT8_KERNELS))
+    for node in graph.node:
+        label = node.name or node.op_type
+        if node.op_type == "DequantizeLinear" and node.input and node.input[0] in constants:
+            result.dequantized_constants.append(label)
+        if node.op_type == "QuantizeLinear" and any(
+            c.op_type == "DequantizeLinear" for c in consumers.get(node.output[0], [])
+        ):
+            result.qdq_pairs.append(label)
+        if node.op_type in _QDQ or node.op_type in INT8_KERNELS:
+            continue
+        fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input)
+        feeds = any(c.op_type == "QuantizeLinear" for o in node.output for c in consumers.get(o, []))
+        if fed and feeds:
+            result.float_between_qdq.append(f"{node.op_type} '{label}'")
+    return result

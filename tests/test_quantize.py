@@ -1,0 +1,99 @@
+"""The main job end to end: quantize the bundled digits CNN; bad calibration data fails cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import requant.api
+from requant.calibration import CalibrationError
+from requant.calibration.data import iter_samples
+from requant.frontends import load_onnx
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+
+
+def test_quantize_the_bundled_model(tmp_path: Path) -> None:
+    out = tmp_path / "int8.onnx"
+    result = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out, eval_data=DIGITS / "eval.npz"
+    )
+    report = result.report
+    ev = report["evaluation"]
+    assert ev["float_accuracy"] > 0.98
+    assert ev["int8_accuracy"] >= ev["float_accuracy"] - 0.01  # int8 keeps the accuracy
+    assert ev["top1_agreement"] > 0.98 and ev["cosine_similarity"] > 0.99
+    assert report["lint"]["int8_kernels"] == {"QLinearConv": 2, "QGemm": 1}  # ONNX Runtime really fused them
+    assert report["lint"]["float_between_dequantize_and_quantize"] == []
+    assert report["size_bytes"]["quantized"] < report["size_bytes"]["float"]
+    assert out.is_file() and load_onnx(out)
+    json.dumps(report)  # the report is JSON
+
+
+def test_the_same_inputs_give_the_same_bytes(tmp_path: Path) -> None:
+    digests = []
+    for i in range(2):
+        out = tmp_path / f"m{i}.onnx"
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out)
+        digests.append(hashlib.sha256(out.read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse", "moving_average_minmax"])
+def test_other_calibration_methods(method: str) -> None:
+    result = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", method=method, eval_data=DIGITS / "eval.npz"
+    )
+    # measured here (top-1 agreement): minmax, percentile, mse 0.9978; moving average 0.9956;
+    # entropy 0.9489 (its KL threshold clips the logits too)
+    assert result.report["evaluation"]["top1_agreement"] > 0.9
+    assert {c["observer"] for c in result.report["calibrated"] if c["kind"] == "activation"} == {method}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "requant", "quantize", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"image": np.zeros((4, 1, 8, 8), np.float32)}, "the model has no input named 'image' (its inputs: x)"),
+        ({"x": np.zeros((4, 1, 7, 8), np.float32)}, "input 'x' expects size 8 on axis 2"),
+        ({"x": np.zeros((4, 8, 8), np.float32)}, "input 'x' expects rank 4"),
+        ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "the calibration data set is empty"),
+        ({"x": np.full((4, 1, 8, 8), np.nan, np.float32)}, "no finite value was observed"),
+    ],
+)
+def test_bad_calibration_data_fails_cleanly(tmp_path: Path, arrays: dict[str, np.ndarray], message: str) -> None:
+    np.savez(tmp_path / "calib.npz", **arrays)
+    model = DIGITS / "digits_cnn.onnx"
+    before = model.read_bytes()
+    out = tmp_path / "out.onnx"
+    result = run_cli(str(model), "-o", str(out), "--calib", str(tmp_path / "calib.npz"))
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["calib.npz"]
+    assert model.read_bytes() == before
+
+
+def test_constant_inputs_quantize_without_a_zero_scale() -> None:
+    # every sample identical and constant: a degenerate range still gives a valid model
+    data = {"x": np.full((3, 1, 8, 8), 0.5, np.float32)}
+    result = requant.api.quantize(DIGITS / "digits_cnn.onnx", data)
+    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 2
+
+
+def test_samples_may_differ_in_symbolic_dimensions() -> None:
+    model = load_onnx(DIGITS / "digits_cnn.onnx")
+    samples = [{"x": np.zeros((n, 1, 8, 8), np.float32)} for n in (1, 3, 2)]
+    assert [s["x"].shape[0] for s in iter_samples(model, samples)] == [1, 3, 2]
+    with pytest.raises(CalibrationError, match="calibration sample 2: input 'x' expects size 8 on axis 3"):
+        list(iter_samples(model, [{"x": np.zeros((1, 1, 8, 8))}, {"x": np.zeros((1, 1, 8, 9))}]))
