@@ -190,3 +190,12 @@ def test_large_arrays_go_through_the_chunked_path() -> None:
     assert np.array_equal(qcast(x, t), expected)
     pa = UniformQuantizedPerAxisType("i8", "f32", 1, [0.01] * 1000)
     assert np.array_equal(qcast(x, pa), np.clip(np.rint(x / np.float32(0.01)), -128, 127).astype(np.int8))
+
+
+def test_zero_dimensional_arrays() -> None:
+    # a scalar constant (an attention mask's -10000.0) is quantized like any tensor
+    t = UniformQuantizedType("i8", "f32", 0.5, 0)
+    for mode in ("half_to_even", "half_away_from_zero", "toward_zero"):
+        q = qcast(np.array(-3.0, np.float32), t, mode)
+        assert q.shape == () and int(q) == -6
+    assert dcast(np.array(3, np.int8), t).shape == ()

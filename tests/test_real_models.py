@@ -134,7 +134,9 @@ def test_real_models_are_annotated_end_to_end(name: str) -> None:
         model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)))
     else:
         net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[name]()
-        model = requant.load(net, example_inputs=(torch.from_numpy(sample_images()),))
+        # a dynamic batch, as users export: the exporter then computes shapes in int64 ops
+        dims = ({0: torch.export.Dim("batch")},)
+        model = requant.load(net, example_inputs=(torch.from_numpy(sample_images()),), dynamic_shapes=dims)
     model, _ = run_passes(model, get_passes("canonicalize"))
     report = Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).quantize(model)
     verify_model(model)  # requests fit their values; shared and derived ones name real values
@@ -144,7 +146,8 @@ def test_real_models_are_annotated_end_to_end(name: str) -> None:
     accepted = {n.split("->")[0] for d in glob.decisions if d.status == "accepted" for n in [d.pattern]}
     assert heavy <= accepted  # every kind of weighted kernel is quantized
     rejected = {d.pattern: d.reason for d in glob.decisions if d.status == "rejected"}
-    assert all("is in no pattern" in reason for reason in rejected.values()), rejected
+    expected = ("is in no pattern", "shape arithmetic stays as it is")
+    assert all(any(e in reason for e in expected) for reason in rejected.values()), rejected
     text = report.summary()
     assert "PatternQuantizer using Global()" in text and "SharedSpecQuantizer" in text
     assert json.loads(json.dumps(report.to_json()))["quantizers"][0]["accepted"] == glob.count("accepted")

@@ -133,6 +133,7 @@ def quantize(
     output: str | os.PathLike[str] | None = None,
     eval_data: Any = None,
     progress: Progress | None = None,
+    measure: bool = True,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -140,6 +141,7 @@ def quantize(
     ``method`` overrides the calibration method of activations (``minmax``, ``percentile``,
     ``entropy``, ``mse``...). With ``eval_data`` the report compares the outputs of the float and
     quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
+    ``measure=False`` skips the latency measurement (batch 1, before and after).
     """
     started = time.perf_counter()
     prepared, quantizer_report = prepare(model, quantizer, target, **load_options)
@@ -155,11 +157,12 @@ def quantize(
         "size_bytes": {"float": _size(float_model), "quantized": _size(quantized)},
         "quantize_seconds": time.perf_counter() - started,
     }
-    sample = next(iter(iter_samples(float_model, calibration_data)))
-    report["latency_ms_batch1"] = {
-        "float": _latency_ms(_session(float_model), sample),
-        "quantized": _latency_ms(_session(quantized), sample),
-    }
+    if measure:
+        sample = next(iter(iter_samples(float_model, calibration_data)))
+        report["latency_ms_batch1"] = {
+            "float": _latency_ms(_session(float_model), sample),
+            "quantized": _latency_ms(_session(quantized), sample),
+        }
     if eval_data is not None:
         report["evaluation"] = _agreement(float_model, quantized, eval_data)
     result = QuantizedModel(quantized, report)
@@ -171,15 +174,19 @@ def quantize(
 
 def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     """The text printed at the end of ``requant quantize``."""
-    size, latency = report["size_bytes"], report["latency_ms_batch1"]
+    size = report["size_bytes"]
     lines = [
         f"target: {report['target']}",
         lint_result.text(),
         f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
         f"({size['quantized'] / size['float']:.2f}x)",
-        f"latency, batch 1: {latency['float']:.3f} ms -> {latency['quantized']:.3f} ms "
-        f"({latency['quantized'] / latency['float']:.2f}x)",
     ]
+    latency = report.get("latency_ms_batch1")
+    if latency:
+        lines.append(
+            f"latency, batch 1: {latency['float']:.3f} ms -> {latency['quantized']:.3f} ms "
+            f"({latency['quantized'] / latency['float']:.2f}x)"
+        )
     ev = report.get("evaluation")
     if ev:
         if "float_accuracy" in ev:

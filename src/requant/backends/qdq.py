@@ -7,6 +7,8 @@
   produced; its consumers read the dequantized value, so ``DQ -> op -> Q`` patterns appear around
   every kernel for the runtime to fuse. A graph output keeps its name on the dequantized value.
 - Identical types share one pair of scale and zero-point initializers.
+- Exporters' debugging metadata (stack traces, FX nodes) and the requests, resolved into types
+  by then, are dropped: they can outweigh the int8 weights. Module paths and types stay.
 
 Models whose types need opset 21 (16-bit or 4-bit storage, blocked weights) are converted up
 with ONNX's version converter first.
@@ -24,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
-from requant.ir.annotations import load_annotations, quant_type, replace_value, set_quant_type
+from requant.ir.annotations import load_annotations, quant_type, replace_value, set_quant_type, set_request
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -183,6 +185,24 @@ def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.No
     set_quant_type(quantized, t)
 
 
+_DEBUG_KEYS = ("pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node", "pkg.onnxscript.rewriter.rule_name", "namespace")
+
+
+def _strip_debug_metadata(model: ir.Model) -> None:
+    """Drop exporters' debugging text (stack traces, FX nodes) and resolved requests from the output.
+
+    They can outweigh an int8 model's weights; requant's own module path and class, and the
+    quantized types, stay.
+    """
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for key in _DEBUG_KEYS:
+            node.metadata_props.pop(key, None)
+        for value in node.outputs:
+            set_request(value, None)
+    for value in [*model.graph.inputs, *model.graph.initializers.values()]:
+        set_request(value, None)
+
+
 def materialize_qdq(model: ir.Model) -> ir.Model:
     """Write every type on the main graph's values as QuantizeLinear/DequantizeLinear; returns the model.
 
@@ -204,6 +224,7 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
         model = ir.serde.deserialize_model(proto)
         load_annotations(model)
         return materialize_qdq(model)
+    _strip_debug_metadata(model)
     builder = _Builder(graph)
     first = next(iter(graph))
     for value, t in typed:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from requant.ir.annotations import element_name
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
 from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict
+from requant.types import FLOAT_FORMATS
 
 if TYPE_CHECKING:
     from requant.quantizers.config import QuantizationConfig
@@ -70,7 +72,25 @@ def _check_weighted(node_match: Match, config: QuantizationConfig) -> Verdict:
     return Accept()
 
 
+def _non_float(match: Match) -> str | None:
+    """The first value crossing the pattern's boundary that is not a float tensor, if any."""
+    inside = {id(o) for n in match.nodes for o in n.outputs}
+    for node in match.nodes:
+        for value in [*node.inputs, *node.outputs]:
+            if value is None or (id(value) in inside and value not in match.nodes[-1].outputs):
+                continue
+            dtype = element_name(value.dtype)
+            if dtype is not None and dtype not in FLOAT_FORMATS and value.const_value is None:
+                return f"'{value.name}' ({dtype})"
+    return None
+
+
 def _check(match: Match, config: QuantizationConfig) -> Verdict:
+    integer = _non_float(match)
+    if integer is not None:
+        return Reject(
+            f"computes on {integer}, not float activations (shape arithmetic stays as it is)", at=match.nodes[0]
+        )
     for what, spec in (("input activation", config.input_activation), ("output activation", config.output_activation)):
         verdict = _check_activation(spec, what)
         if not verdict.accepted:

@@ -150,18 +150,19 @@ def qcast(x: npt.ArrayLike, t: UniformType, rounding: str = "half_to_even") -> A
     out = np.empty(view.shape, dtype=t.storage_type.numpy_dtype)
 
     def kernel(xs: Array, s: Array, z: Array, o: Array) -> None:
-        v = np.divide(xs, s, dtype=ct)
+        # an explicit output: on 0-d inputs numpy returns scalars, which in-place ops refuse
+        v = np.divide(xs, s, out=np.empty(np.broadcast_shapes(xs.shape, s.shape), dtype=ct))
         if rounding == "toward_zero":  # MLIR: add the zero point in the expressed type, then convert
             if add_zp:
                 np.add(v, z.astype(ct), out=v)
-            v = np.trunc(v.astype(wide))
+            v = np.asarray(np.trunc(v.astype(wide)))
         else:
             if wide is not ct:
                 v = v.astype(wide)
             if rounding == "half_to_even":
                 np.rint(v, out=v)
             else:  # half away from zero, exactly: trunc, then step out where |fraction| >= 1/2
-                whole = np.trunc(v)
+                whole = np.asarray(np.trunc(v))
                 np.subtract(v, whole, out=v)
                 whole += v >= 0.5
                 whole -= v <= -0.5
