@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from requant.backends import materialize_qdq
@@ -69,15 +70,13 @@ def convert(model: ir.Model) -> tuple[ir.Model, list[Any], LintResult]:
     return model, notes, lint(model)
 
 
-def _session(model: ir.Model) -> Any:
+def _session(proto: onnx.ModelProto) -> Any:
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        ir.serde.serialize_model(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _latency_ms(session: Any, sample: Mapping[str, np.ndarray], runs: int = 50) -> float:
@@ -91,13 +90,9 @@ def _latency_ms(session: Any, sample: Mapping[str, np.ndarray], runs: int = 50) 
     return float(np.median(times) * 1e3)
 
 
-def _size(model: ir.Model) -> int:
-    return int(ir.serde.serialize_model(model).ByteSize())
-
-
-def _agreement(float_model: ir.Model, quantized: ir.Model, data: Any) -> dict[str, float]:
+def _agreement(model: ir.Model, float_proto: Any, quantized_proto: Any, data: Any) -> dict[str, float]:
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
-    f_session, q_session = _session(float_model), _session(quantized)
+    f_session, q_session = _session(float_proto), _session(quantized_proto)
     labels = None
     if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz":
         with np.load(data) as archive:
@@ -105,7 +100,7 @@ def _agreement(float_model: ir.Model, quantized: ir.Model, data: Any) -> dict[st
                 labels = archive["labels"]
                 data = {k: archive[k] for k in archive.files if k != "labels"}
     outs_f, outs_q = [], []
-    for sample in iter_samples(float_model, data):
+    for sample in iter_samples(model, data):
         outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))
         outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
     f, q = np.concatenate(outs_f), np.concatenate(outs_q)
@@ -145,26 +140,27 @@ def quantize(
     """
     started = time.perf_counter()
     prepared, quantizer_report = prepare(model, quantizer, target, **load_options)
-    float_model = ir.serde.deserialize_model(ir.serde.serialize_model(prepared))
+    float_proto = ir.serde.serialize_model(prepared)  # once: for the size, and sessions to compare with
     chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
     quantized, notes, lint_result = convert(prepared)
+    quantized_proto = ir.serde.serialize_model(quantized)
     report: dict[str, Any] = {
         "target": target,
         "quantizers": quantizer_report.to_json(),
         "calibrated": [c.__dict__ for c in chosen],
         "propagated": [n.__dict__ for n in notes],
         "lint": lint_result.to_json(),
-        "size_bytes": {"float": _size(float_model), "quantized": _size(quantized)},
+        "size_bytes": {"float": float_proto.ByteSize(), "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
     }
     if measure:
-        sample = next(iter(iter_samples(float_model, calibration_data)))
+        sample = next(iter(iter_samples(quantized, calibration_data)))
         report["latency_ms_batch1"] = {
-            "float": _latency_ms(_session(float_model), sample),
-            "quantized": _latency_ms(_session(quantized), sample),
+            "float": _latency_ms(_session(float_proto), sample),
+            "quantized": _latency_ms(_session(quantized_proto), sample),
         }
     if eval_data is not None:
-        report["evaluation"] = _agreement(float_model, quantized, eval_data)
+        report["evaluation"] = _agreement(quantized, float_proto, quantized_proto, eval_data)
     result = QuantizedModel(quantized, report)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:

@@ -155,13 +155,15 @@ class Predicate(NodeFinder):
 
 
 @dataclass(frozen=True, repr=False)
-class All(NodeFinder):
-    """Nodes every finder selects."""
-
+class _Combination(NodeFinder):
     finders: tuple[NodeFinder, ...]
 
     def __init__(self, finders: Iterable[NodeFinder]) -> None:
         object.__setattr__(self, "finders", tuple(finders))
+
+
+class All(_Combination):
+    """Nodes every finder selects."""
 
     def matches(self, node: ir.Node) -> bool:
         return all(f.matches(node) for f in self.finders)
@@ -170,14 +172,8 @@ class All(NodeFinder):
         return " & ".join(f"({f!r})" if isinstance(f, AnyOf) else repr(f) for f in self.finders)
 
 
-@dataclass(frozen=True, repr=False)
-class AnyOf(NodeFinder):
+class AnyOf(_Combination):
     """Nodes any finder selects."""
-
-    finders: tuple[NodeFinder, ...]
-
-    def __init__(self, finders: Iterable[NodeFinder]) -> None:
-        object.__setattr__(self, "finders", tuple(finders))
 
     def matches(self, node: ir.Node) -> bool:
         return any(f.matches(node) for f in self.finders)
