@@ -97,3 +97,68 @@ def test_samples_may_differ_in_symbolic_dimensions() -> None:
     assert [s["x"].shape[0] for s in iter_samples(model, samples)] == [1, 3, 2]
     with pytest.raises(CalibrationError, match="calibration sample 2: input 'x' expects size 8 on axis 3"):
         list(iter_samples(model, [{"x": np.zeros((1, 1, 8, 8))}, {"x": np.zeros((1, 1, 8, 9))}]))
+
+
+def test_a_bias_that_would_overflow_int32_raises_the_weight_scale() -> None:
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((4, 3)) * 1e-8).astype(np.float32)  # tiny weights: bias / (sx * sw) >> 2**31
+    bias = np.array([1.0, -2.0, 0.5], np.float32)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4] x) => (float[N,3] y) { y = Gemm(x, w, b) }'
+    )
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    result = requant.api.quantize(proto, {"x": x})
+
+    raised = [p for p in result.report["propagated"] if p["value"] == "w"]
+    assert raised and raised[0]["why"] == "weight scale raised so bias 'b' fits int32"
+    assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
+    stored, bias_scale = out["b_quantized"], out["b_scale"]
+    assert stored.dtype == np.int32 and np.all(out["b_zero_point"] == 0)
+    # the stored bias still means the float bias: it neither wrapped nor saturated
+    assert np.all(np.abs(stored.astype(np.float64) * bias_scale - bias) <= bias_scale / 2)
+    session = ort.InferenceSession(ir.to_proto(result.model).SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    y_scale = float(out["y_scale"])  # output error: one rounding step of y plus the weights' (now coarse) rounding
+    assert np.abs(y - (x @ weight + bias)).max() <= y_scale
+
+
+def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:
+    out = tmp_path / "int8.onnx"
+    requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out)
+    lint = [sys.executable, "-m", "requant", "lint"]
+    text = subprocess.run([*lint, str(out)], capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == "int8 kernels: 3 (QGemm x1, QLinearConv x2)"
+    # the input's QuantizeLinear -> DequantizeLinear stays: its float value also feeds a Shape node
+    found = json.loads(subprocess.run([*lint, str(out), "--json"], capture_output=True, text=True).stdout)
+    assert found["int8_kernels"] == {"QGemm": 1, "QLinearConv": 2}
+    assert found["float_between_dequantize_and_quantize"] == [] and len(found["leftover_quantize_dequantize_pairs"]) == 1
+    assert subprocess.run([*lint, str(out), "--strict"], capture_output=True).returncode == 3
+    # the float model fuses nothing and leaves nothing float between Q and DQ: clean, even with --strict
+    plain = subprocess.run([*lint, str(DIGITS / "digits_cnn.onnx"), "--strict"], capture_output=True, text=True)
+    assert plain.returncode == 0 and plain.stdout.startswith("int8 kernels: 0 (none)")
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    bad = subprocess.run([*lint, str(tmp_path / "bad.onnx")], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("requant lint: error:") and "bad.onnx" in bad.stderr
+
+
+def test_lint_says_when_onnx_runtime_cannot_load_the_model() -> None:
+    from requant.errors import RequantError
+    from requant.frontends import load_onnx_text
+    from requant.report.lint import lint
+
+    model = load_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 21, "com.microsoft" : 1]>'
+        " g (float[2] a) => (float[2] b) { b = com.microsoft.NoSuchKernel(a) }",
+        "test",
+    )
+    with pytest.raises(RequantError, match="ONNX Runtime could not load the model: .*NoSuchKernel"):
+        lint(model)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from requant.cli import opt_cmd, quantize_cmd, type_cmd
+from requant.cli import lint_cmd, opt_cmd, quantize_cmd, type_cmd
 from requant.errors import RequantError
 
 __all__ = ["main"]
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     type_cmd.register(commands)
     opt_cmd.register(commands)
     quantize_cmd.register(commands)
+    lint_cmd.register(commands)
     return parser
 
 

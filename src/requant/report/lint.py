@@ -19,6 +19,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from requant.errors import RequantError
+
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
 INT8_KERNELS = frozenset(
@@ -77,7 +79,10 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         options.log_severity_level = 3
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        try:
+            ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception classes (Fail, InvalidGraph, ...)
+            raise RequantError(f"ONNX Runtime could not load the model: {exc}") from exc
         optimized = onnx.load(options.optimized_model_filepath)
     graph = optimized.graph
     producer = {out: node for node in graph.node for out in node.output}
