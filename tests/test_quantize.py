@@ -137,14 +137,21 @@ def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:
     text = subprocess.run([*lint, str(out)], capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[0] == "int8 kernels: 3 (QGemm x1, QLinearConv x2)"
-    # the input's QuantizeLinear -> DequantizeLinear stays: its float value also feeds a Shape node
     found = json.loads(subprocess.run([*lint, str(out), "--json"], capture_output=True, text=True).stdout)
     assert found["int8_kernels"] == {"QGemm": 1, "QLinearConv": 2}
-    assert found["float_between_dequantize_and_quantize"] == [] and len(found["leftover_quantize_dequantize_pairs"]) == 1
-    assert subprocess.run([*lint, str(out), "--strict"], capture_output=True).returncode == 3
-    # the float model fuses nothing and leaves nothing float between Q and DQ: clean, even with --strict
-    plain = subprocess.run([*lint, str(DIGITS / "digits_cnn.onnx"), "--strict"], capture_output=True, text=True)
-    assert plain.returncode == 0 and plain.stdout.startswith("int8 kernels: 0 (none)")
+    # nothing stays float, and the input's Shape (batch-size arithmetic) reads the float input, so
+    # no QuantizeLinear -> DequantizeLinear pair is kept alive for it
+    assert found["float_between_dequantize_and_quantize"] == [] and found["leftover_quantize_dequantize_pairs"] == []
+    assert subprocess.run([*lint, str(out), "--strict"], capture_output=True).returncode == 0
+    island = tmp_path / "island.onnxtxt"  # Erf has no int8 kernel: it stays float between DQ and Q
+    island.write_text(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4] x) => (float[N,4] y)'
+        " <float s = {0.1}, uint8 z = {128}> { xq = QuantizeLinear(x, s, z) xd = DequantizeLinear(xq, s, z)"
+        " e = Erf(xd) eq = QuantizeLinear(e, s, z) y = DequantizeLinear(eq, s, z) }"
+    )
+    flagged = subprocess.run([*lint, str(island), "--strict"], capture_output=True, text=True)
+    assert flagged.returncode == 3, flagged.stderr
+    assert "stayed float between DequantizeLinear and QuantizeLinear: Erf 'Erf'" in flagged.stdout
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
     bad = subprocess.run([*lint, str(tmp_path / "bad.onnx")], capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.startswith("requant lint: error:") and "bad.onnx" in bad.stderr

@@ -6,6 +6,8 @@
 - An activation with a type gets ``QuantizeLinear -> DequantizeLinear`` right after it is
   produced; its consumers read the dequantized value, so ``DQ -> op -> Q`` patterns appear around
   every kernel for the runtime to fuse. A graph output keeps its name on the dequantized value.
+  ``Shape`` and ``Size`` keep reading the float value: they need no numbers, and a float copy
+  kept alive for them would cost a ``DequantizeLinear`` at run time.
 - Identical types share one pair of scale and zero-point initializers.
 - Exporters' debugging metadata (stack traces, FX nodes) and the requests, resolved into types
   by then, are dropped: they can outweigh the int8 weights. Module paths and types stay.
@@ -158,11 +160,16 @@ def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) 
     set_quant_type(out, None)
 
 
+_READS_SHAPE_ONLY = frozenset({"Shape", "Size"})
+
+
 def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
     name = str(value.name)
-    params = builder.params(t, name)
-    uses = list(value.uses())
+    uses = [u for u in value.uses() if not (u.node.domain in ("", "ai.onnx") and u.node.op_type in _READS_SHAPE_ONLY)]
     was_output = value.is_graph_output()
+    if not uses and not was_output:
+        return  # only its shape is read: nothing to quantize
+    params = builder.params(t, name)
     q = builder.node("QuantizeLinear", [value, params.scale, params.zero_point], params.attributes, f"{name}_quantized")
     quantized = q.outputs[0]
     quantized.type = ir.TensorType(STORAGE_DTYPES[t.storage])

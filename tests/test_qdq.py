@@ -1,0 +1,46 @@
+"""The QDQ backend on small text models: where the QuantizeLinear / DequantizeLinear pairs go."""
+
+from __future__ import annotations
+
+from requant.backends.qdq import materialize_qdq
+from requant.frontends import load_onnx_text
+from requant.ir import print_model
+from requant.ir.annotations import set_quant_type
+from requant.types import parse_type
+
+
+def _qdq(text: str, types: dict[str, str]) -> str:
+    model = load_onnx_text('<ir_version: 10, opset_import: ["" : 21]>\n' + text, "test")
+    values = {v.name: v for v in [*model.graph.inputs, *(o for n in model.graph for o in n.outputs)]}
+    for name, t in types.items():
+        set_quant_type(values[name], parse_type(t))
+    return print_model(materialize_qdq(model))
+
+
+def test_shape_reads_the_float_value() -> None:
+    printed = _qdq(
+        "g (float[N,4] x) => (float[N,4] y, int64[2] s) { s = Shape(x) y = Relu(x) }",
+        {"x": "!quant.uniform<u8:f32, 0.5:128>", "y": "!quant.uniform<u8:f32, 0.25>"},
+    )
+    body = [line.split(" loc(")[0].strip() for line in printed.splitlines() if " = " in line]
+    assert body == [
+        "%x_scale: tensor<f32> = initializer dense<0.5>",
+        "%x_zero_point: tensor<u8> = initializer dense<128>",
+        "%y_scale: tensor<f32> = initializer dense<0.25>",
+        "%y_zero_point: tensor<u8> = initializer dense<0>",
+        "%x_quantized: tensor<Nx4x!quant.uniform<u8:f32, 5.000000e-01:128>> = QuantizeLinear(%x, %x_scale, %x_zero_point)",
+        "%x_dq: tensor<Nx4xf32> = DequantizeLinear(%x_quantized, %x_scale, %x_zero_point)",
+        "%s: tensor<2xi64> = Shape(%x)",  # not %x_dq: a shape needs no numbers
+        "%y_float: tensor<Nx4x!quant.uniform<u8:f32, 2.500000e-01>> = Relu(%x_dq)",
+        "%y_quantized: tensor<Nx4x!quant.uniform<u8:f32, 2.500000e-01>> = QuantizeLinear(%y_float, %y_scale, %y_zero_point)",
+        "%y: tensor<Nx4xf32> = DequantizeLinear(%y_quantized, %y_scale, %y_zero_point)",
+    ]
+
+
+def test_a_value_only_measured_gets_no_pair() -> None:
+    printed = _qdq(
+        "g (float[N,4] x) => (int64[2] s, int64 n) { s = Shape(x) n = Size(x) }",
+        {"x": "!quant.uniform<u8:f32, 0.5:128>"},
+    )
+    assert "QuantizeLinear" not in printed and "DequantizeLinear" not in printed
+    assert "= Shape(%x)" in printed and "= Size(%x)" in printed
