@@ -169,3 +169,25 @@ def test_lint_says_when_onnx_runtime_cannot_load_the_model() -> None:
     )
     with pytest.raises(RequantError, match="ONNX Runtime could not load the model: .*NoSuchKernel"):
         lint(model)
+
+
+def test_a_bias_whose_input_is_kept_float_stays_float() -> None:
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+
+    from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
+
+    rng = np.random.default_rng(1)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]>'
+        " g (float[N,4] x) => (float[N,3] y) { r = Relu(x) y = Gemm(r, w, b) }"
+    )
+    weight, bias = rng.standard_normal((4, 3)).astype(np.float32), np.array([0.1, -0.2, 0.3], np.float32)
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])
+    # the Relu is kept float, and with it its output: the Gemm's input has no type to derive the bias from
+    quantizer = Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).set_op_type("Relu", None)
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    result = requant.api.quantize(proto, {"x": x}, quantizer=quantizer, eval_data={"x": x})
+    assert {"value": "b", "type": "float", "why": "kept float: 'r' is kept float"} in result.report["propagated"]
+    assert result.report["evaluation"]["cosine_similarity"] > 0.999  # float input, int8 weights

@@ -4,7 +4,8 @@ In a fixed order that does not depend on which node or quantizer came first: fix
 then shared ones (each follows its chain to a value with a type), then derived ones (a bias:
 scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
 whose quantized value would not fit int32 (tiny weight scales) raises that channel's weight scale
-just enough, and says so.
+just enough, and says so. A bias whose input is kept float (a ``NoQuant`` request, from a
+``None`` config) stays float too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
 from requant.ir.annotations import element_name, quant_type, request, set_quant_type
-from requant.ir.requests import DerivedSpec, FixedSpec, SharedSpec
+from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedType,
@@ -92,6 +93,11 @@ def propagate(model: ir.Model) -> list[Propagated]:
         types = [t for t in found if isinstance(t, UniformType)]
         if len(types) != len(found):
             missing = [name for name, t in zip(r.sources, found, strict=True) if not isinstance(t, UniformType)]
+            kept_float = [s for s in sources if s is not None and isinstance(request(s), NoQuant)]
+            if kept_float:  # another quantizer (or the user) keeps the input float: so is the bias
+                names = ", ".join(f"'{s.name}'" for s in kept_float)
+                notes.append(Propagated(str(value.name), "float", f"kept float: {names} is kept float"))
+                continue
             raise CalibrationError(f"bias '{value.name}' is derived from {missing}, which got no uniform type")
         scale = np.ones(1)
         for t in types:
