@@ -36,6 +36,19 @@ def test_symmetric_int8_and_narrow_range() -> None:
     assert isinstance(u, UniformQuantizedType) and u.zero_point == 128
 
 
+def test_reduce_range_drops_one_bit() -> None:
+    # ONNX Runtime's and PyTorch's reduce_range: int8 [-64, 63], uint8 [0, 127], stated in the type
+    t = from_range(-2.0, 1.0, "i8", symmetric=True, reduce_range=True)
+    assert isinstance(t, UniformQuantizedType)
+    assert (t.zero_point, t.scale, t.storage_min, t.storage_max) == (0, float(np.float32(2.0 / 63.5)), -64, 63)
+    assert str(t) == "!quant.uniform<i8<-64:63>:f32, 0.031496062874794006>"
+    u = from_range(0.0, 1.0, "u8", reduce_range=True)
+    assert isinstance(u, UniformQuantizedType)
+    assert (u.zero_point, u.scale, u.storage_min, u.storage_max) == (0, float(np.float32(1 / 127)), 0, 127)
+    n = from_range(-2.0, 1.0, "i8", symmetric=True, reduce_range=True, narrow_range=True)
+    assert isinstance(n, UniformQuantizedType) and (n.storage_min, n.storage_max) == (-63, 63)
+
+
 def test_range_is_widened_to_contain_zero() -> None:
     t = from_range(2.0, 4.0, "u8")
     assert isinstance(t, UniformQuantizedType)

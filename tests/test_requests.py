@@ -45,6 +45,7 @@ def specs(draw: st.DrawFn) -> QuantizationSpec:
         dtype=draw(st.sampled_from(sorted(DTYPES))),
         symmetric=draw(st.booleans()),
         narrow_range=draw(st.booleans()),
+        reduce_range=draw(st.booleans()),
         granularity=granularity,
         axis=None if granularity == "per_tensor" else draw(st.integers(-4, 4)),
         block_size=draw(st.integers(1, 256)) if granularity == "blockwise" else None,
@@ -114,7 +115,11 @@ def test_user_observers_can_be_registered() -> None:
 
 
 def test_presets() -> None:
-    assert set(PRESETS) == {"INT8_PER_TENSOR", "INT8_PER_CHANNEL_WEIGHTS", "A16W8", "INT4_BLOCKWISE_WEIGHTS"}
+    assert set(PRESETS) == {
+        "INT8_PER_TENSOR", "INT8_PER_CHANNEL_WEIGHTS", "INT8_REDUCED_RANGE_WEIGHTS", "A16W8", "INT4_BLOCKWISE_WEIGHTS"
+    }  # fmt: skip
+    reduced = PRESETS["INT8_REDUCED_RANGE_WEIGHTS"].weight
+    assert str(reduced) == "#requant.spec<int8, symmetric, reduced, per_axis = 0, observer = minmax>"
     weight = INT8_PER_CHANNEL_WEIGHTS.weight
     assert isinstance(weight, QuantizationSpec) and (weight.storage, weight.granularity) == ("i8", "per_axis")
     assert isinstance(INT8_PER_CHANNEL_WEIGHTS.input_activation, QuantizationSpec)

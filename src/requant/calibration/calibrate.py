@@ -38,23 +38,14 @@ class Calibrated:
 def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str) -> UniformType:
     """The type for constant ``data`` (min/max over the spec's granularity)."""
     values = np.asarray(data, dtype=np.float64)
-    sym, narrow = spec.symmetric, spec.narrow_range
+    flags = spec.range_flags
     try:
         if spec.granularity == "per_tensor":
-            return from_range(
-                values.min(initial=0.0),
-                values.max(initial=0.0),
-                spec.storage,
-                expressed,
-                symmetric=sym,
-                narrow_range=narrow,
-            )
+            return from_range(values.min(initial=0.0), values.max(initial=0.0), spec.storage, expressed, **flags)
         axis = spec.axis if spec.axis is not None and spec.axis >= 0 else values.ndim + (spec.axis or 0)
         if spec.granularity == "per_axis":
             moved = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
-            return from_range(
-                moved.min(1), moved.max(1), spec.storage, expressed, symmetric=sym, narrow_range=narrow, axis=axis
-            )
+            return from_range(moved.min(1), moved.max(1), spec.storage, expressed, axis=axis, **flags)
         block = spec.block_size or 1
         if values.shape[axis] % block:
             raise CalibrationError(
@@ -66,7 +57,7 @@ def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, 
         blocked = values.reshape(*values.shape[:axis], grid[axis], block, *values.shape[axis + 1 :])
         lo, hi = blocked.min(axis=axis + 1), blocked.max(axis=axis + 1)
         sizes = {i: (block if i == axis else 1) for i in range(values.ndim)}
-        return from_range(lo, hi, spec.storage, expressed, symmetric=sym, narrow_range=narrow, block_sizes=sizes)
+        return from_range(lo, hi, spec.storage, expressed, block_sizes=sizes, **flags)
     except QuantTypeError as exc:
         raise CalibrationError(f"weight '{name}': {exc}") from None
 

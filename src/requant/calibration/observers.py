@@ -70,9 +70,7 @@ class Observer:
     def compute(self, spec: QuantizationSpec, expressed: str = "f32") -> UniformType:
         lo, hi = self.range(spec)
         axis = spec.axis if spec.granularity == "per_axis" else None
-        return from_range(
-            lo, hi, spec.storage, expressed, symmetric=spec.symmetric, narrow_range=spec.narrow_range, axis=axis
-        )
+        return from_range(lo, hi, spec.storage, expressed, axis=axis, **spec.range_flags)
 
 
 def _finite(array: Array) -> Array:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, TypedDict
 
 from requant.errors import RequantError
 from requant.types import UniformQuantizedType
@@ -76,6 +76,14 @@ def _one_of(what: str, value: object, allowed: object) -> None:
 OptionValue: TypeAlias = bool | int | float | str
 
 
+class RangeFlags(TypedDict):
+    """How a spec shapes the storage range (``requant.types.from_range``'s keyword arguments)."""
+
+    symmetric: bool
+    narrow_range: bool
+    reduce_range: bool
+
+
 @dataclass(frozen=True)
 class QuantizationSpec:
     """How to quantize one value.
@@ -88,6 +96,7 @@ class QuantizationSpec:
     dtype: str = "int8"
     symmetric: bool = False
     narrow_range: bool = False
+    reduce_range: bool = False
     granularity: str = "per_tensor"
     axis: int | None = None
     block_size: int | None = None
@@ -98,7 +107,7 @@ class QuantizationSpec:
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("observer", self.observer, KNOWN_OBSERVERS)
-        for flag in ("symmetric", "narrow_range"):
+        for flag in ("symmetric", "narrow_range", "reduce_range"):
             if not isinstance(getattr(self, flag), bool):
                 raise RequestError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         needs_axis = self.granularity != "per_tensor"
@@ -120,6 +129,11 @@ class QuantizationSpec:
         object.__setattr__(self, "observer_options", _FrozenOptions(sorted(options.items())))
 
     @property
+    def range_flags(self) -> RangeFlags:
+        """The keyword arguments of ``requant.types.from_range`` that shape the storage range."""
+        return RangeFlags(symmetric=self.symmetric, narrow_range=self.narrow_range, reduce_range=self.reduce_range)
+
+    @property
     def storage(self) -> str:
         """The storage type in MLIR's spelling (``"i8"``)."""
         return DTYPES[self.dtype]
@@ -128,6 +142,8 @@ class QuantizationSpec:
         parts = [self.dtype, "symmetric" if self.symmetric else "affine"]
         if self.narrow_range:
             parts.append("narrow")
+        if self.reduce_range:
+            parts.append("reduced")
         if self.granularity == "per_axis":
             parts.append(f"per_axis = {self.axis}")
         elif self.granularity == "blockwise":
@@ -268,6 +284,8 @@ def _parse_spec(body: str) -> QuantizationSpec:
     for word in words[2:]:
         if word == "narrow":
             kwargs["narrow_range"] = True
+        elif word == "reduced":
+            kwargs["reduce_range"] = True
         elif word.startswith("per_axis = "):
             kwargs.update(granularity="per_axis", axis=int(word.split("= ")[1]))
         elif word.startswith("blockwise = "):

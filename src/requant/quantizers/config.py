@@ -8,6 +8,7 @@ validated on construction.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from requant.ir.requests import DTYPES, FixedSpec, NoQuant, QuantizationSpec, RequestError
@@ -17,6 +18,7 @@ __all__ = [
     "INT4_BLOCKWISE_WEIGHTS",
     "INT8_PER_CHANNEL_WEIGHTS",
     "INT8_PER_TENSOR",
+    "INT8_REDUCED_RANGE_WEIGHTS",
     "PRESETS",
     "DerivedBias",
     "QuantizationConfig",
@@ -80,6 +82,11 @@ _I8_PER_CHANNEL = QuantizationSpec("int8", symmetric=True, granularity="per_axis
 # targets adjust it per op.
 INT8_PER_TENSOR = QuantizationConfig("INT8_PER_TENSOR", _U8, _U8, _I8_WEIGHT, DerivedBias())
 INT8_PER_CHANNEL_WEIGHTS = QuantizationConfig("INT8_PER_CHANNEL_WEIGHTS", _U8, _U8, _I8_PER_CHANNEL, DerivedBias())
+# 7-bit weights ([-64, 63]): on x86 CPUs without VNNI, ONNX Runtime's uint8 x int8 kernels add
+# pairs of products in int16 (vpmaddubsw), which saturates with full-range weights.
+INT8_REDUCED_RANGE_WEIGHTS = QuantizationConfig(
+    "INT8_REDUCED_RANGE_WEIGHTS", _U8, _U8, dataclasses.replace(_I8_PER_CHANNEL, reduce_range=True), DerivedBias()
+)
 A16W8 = QuantizationConfig(
     "A16W8", QuantizationSpec("uint16"), QuantizationSpec("uint16"), _I8_PER_CHANNEL, DerivedBias()
 )
@@ -91,5 +98,6 @@ INT4_BLOCKWISE_WEIGHTS = QuantizationConfig(
     NoQuant(),
 )
 PRESETS: dict[str, QuantizationConfig] = {
-    c.name: c for c in (INT8_PER_TENSOR, INT8_PER_CHANNEL_WEIGHTS, A16W8, INT4_BLOCKWISE_WEIGHTS)
+    c.name: c
+    for c in (INT8_PER_TENSOR, INT8_PER_CHANNEL_WEIGHTS, INT8_REDUCED_RANGE_WEIGHTS, A16W8, INT4_BLOCKWISE_WEIGHTS)
 }

@@ -61,6 +61,7 @@ def from_range(
     *,
     symmetric: bool = False,
     narrow_range: bool = False,
+    reduce_range: bool = False,
     axis: int | None = None,
     block_sizes: Mapping[int, int] | None = None,
 ) -> UniformType:
@@ -89,8 +90,10 @@ def from_range(
         raise QuantTypeError(f"illegal min and max: ({lo.flat[i]}:{hi.flat[i]}); min must not exceed max")
     lo = np.minimum(lo, 0.0)
     hi = np.maximum(hi, 0.0)
-    qmin = st.min + (1 if narrow_range else 0)
-    qmax = st.max
+    qmin, qmax = st.min, st.max
+    if reduce_range:  # one bit less: int8 [-64, 63], uint8 [0, 127] (ONNX Runtime's and PyTorch's reduce_range)
+        qmin, qmax = (qmin // 2, qmax // 2) if st.signed else (0, qmax // 2)
+    qmin += 1 if narrow_range else 0
     if qmax - qmin < 1:
         raise QuantTypeError(f"narrow range leaves no values in {st}")
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -105,7 +108,7 @@ def from_range(
         zp = np.clip(qmin - np.rint(lo / scale), qmin, qmax).astype(np.int64)
     zp = np.where(degenerate, np.clip(0, qmin, qmax), zp)
     bounds: dict[str, Any] = {}
-    if narrow_range:
+    if narrow_range or reduce_range:
         bounds = {"storage_min": qmin, "storage_max": qmax}
     if axis is not None:
         return UniformQuantizedPerAxisType(str(st), fmt.name, axis, scale.tolist(), zp.tolist(), **bounds)
