@@ -150,7 +150,12 @@ start = time.perf_counter()
 if tool == "requant":
     sys.path.insert(0, sys.argv[6])
     import requant.api
-    requant.api.quantize(model, samples, method=method, output=out, progress=lambda done, elapsed: None, measure=False)
+    from requant.quantizers import PRESETS, Quantizer
+    method, _, preset = method.partition("+")  # "mse+reduced": a method and a preset
+    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS"}.get(preset, preset)
+    quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
+    requant.api.quantize(model, samples, method=method, quantizer=quantizer, output=out,
+                         progress=lambda done, elapsed: None, measure=False)
 else:
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -249,7 +254,7 @@ def main() -> None:
             reference = outputs(path, evaluation)
             base_latency = latency_ms(path, evaluation[0])
             rows = []
-            runs = [("requant", m) for m in ("minmax", "percentile", "mse")]
+            runs = [("requant", m) for m in ("minmax", "percentile", "mse", "minmax+reduced", "mse+reduced")]
             runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile")]
             for tool, method in runs:
                 out = folder / f"{name}.{tool}.{method}.onnx"
@@ -277,15 +282,15 @@ def report(name: str, result: dict[str, Any]) -> None:
         f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms"
     )
     print(
-        f"  {'tool':<12} {'method':<11} {metric:>15} {'top5/KL':>14} {'int8/fp32':>10} {'seconds':>8} {'peak MB':>8} {'MB':>6}"
+        f"  {'tool':<12} {'method':<14} {metric:>15} {'top5/KL':>14} {'int8/fp32':>10} {'seconds':>8} {'peak MB':>8} {'MB':>6}"
     )
     for r in result["runs"]:
         if "error" in r:
-            print(f"  {r['tool']:<12} {r['method']:<11} failed: {r['error'][:80]}")
+            print(f"  {r['tool']:<12} {r['method']:<14} failed: {r['error'][:80]}")
             continue
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
         print(
-            f"  {r['tool']:<12} {r['method']:<11} {r[metric]:>15.4f} {extra:>14} {r['latency_ratio']:>10.2f} "
+            f"  {r['tool']:<12} {r['method']:<14} {r[metric]:>15.4f} {extra:>14} {r['latency_ratio']:>10.2f} "
             f"{r['seconds']:>8.1f} {r['peak_mb']:>8.0f} {r['size_mb']:>6.2f}"
         )
 
