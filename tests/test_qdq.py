@@ -6,12 +6,13 @@ from requant.backends.qdq import materialize_qdq
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.ir.annotations import set_quant_type
+from requant.ir.queries import graph_values
 from requant.types import parse_type
 
 
 def _qdq(text: str, types: dict[str, str]) -> str:
     model = load_onnx_text('<ir_version: 10, opset_import: ["" : 21]>\n' + text, "test")
-    values = {v.name: v for v in [*model.graph.inputs, *(o for n in model.graph for o in n.outputs)]}
+    values = {v.name: v for v in graph_values(model.graph)}
     for name, t in types.items():
         set_quant_type(values[name], parse_type(t))
     return print_model(materialize_qdq(model))

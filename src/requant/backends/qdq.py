@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.annotations import load_annotations, quant_type, replace_value, set_quant_type, set_request
+from requant.ir.queries import graph_values, is_op
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -165,7 +166,7 @@ _READS_SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
     name = str(value.name)
-    uses = [u for u in value.uses() if not (u.node.domain in ("", "ai.onnx") and u.node.op_type in _READS_SHAPE_ONLY)]
+    uses = [u for u in value.uses() if not any(is_op(u.node, op) for op in _READS_SHAPE_ONLY)]
     was_output = value.is_graph_output()
     if not uses and not was_output:
         return  # only its shape is read: nothing to quantize
@@ -216,11 +217,7 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
     The returned model may be a new object (when the opset had to be raised).
     """
     graph = model.graph
-    typed = [
-        (v, t)
-        for v in [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
-        if isinstance(t := quant_type(v), _UNIFORM)
-    ]
+    typed = [(v, t) for v in graph_values(graph) if isinstance(t := quant_type(v), _UNIFORM)]
     if not typed:
         return model
     needed = _needed_opset([t for _, t in typed])

@@ -19,6 +19,7 @@ from requant.calibration.observers import CalibrationError, MinMaxObserver, Obse
 from requant.calibration.runner import Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_quant_type
+from requant.ir.queries import graph_values
 from requant.ir.requests import QuantizationSpec
 from requant.types import UniformType, from_range
 
@@ -72,7 +73,7 @@ def calibrate(
     graph = model.graph
     records: list[Calibrated] = []
     pending: dict[str, tuple[ir.Value, QuantizationSpec, Observer]] = {}
-    values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+    values = graph_values(graph)
     for value in values:
         r = request(value)
         if not isinstance(r, QuantizationSpec):

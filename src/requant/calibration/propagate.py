@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
 from requant.ir.annotations import element_name, quant_type, request, set_quant_type
+from requant.ir.queries import graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
 from requant.types import (
     UniformQuantizedPerAxisType,
@@ -49,7 +50,7 @@ def _scales(t: UniformType) -> np.ndarray:
 def propagate(model: ir.Model) -> list[Propagated]:
     """Give every value with a fixed, shared or derived request its type; returns what was done."""
     graph = model.graph
-    values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+    values = graph_values(graph)
     by_name = {str(v.name): v for v in values if v.name}
     notes: list[Propagated] = []
 

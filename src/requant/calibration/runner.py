@@ -22,6 +22,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.calibration.data import iter_samples
 from requant.calibration.observers import CalibrationError, Observer
+from requant.ir.queries import graph_values
 
 __all__ = ["Progress", "collect", "terminal_progress"]
 
@@ -71,7 +72,7 @@ def _session(model: ir.Model, names: list[str]) -> ort.InferenceSession:
 
 def _sizes(model: ir.Model, names: list[str]) -> dict[str, int]:
     """Bytes per sample of each observed tensor, where shapes are static (symbolic dims count 1)."""
-    by_name = {str(o.name): o for n in model.graph for o in n.outputs} | {str(v.name): v for v in model.graph.inputs}
+    by_name = {str(v.name): v for v in graph_values(model.graph)}
     sizes = {}
     for name in names:
         value = by_name.get(name)

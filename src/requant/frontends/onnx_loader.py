@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
 from requant.ir.annotations import load_annotations
+from requant.ir.queries import DEFAULT_DOMAINS
 
 __all__ = [
     "KNOWN_DOMAINS",
@@ -125,7 +126,7 @@ def _check_external_data(proto: onnx.ModelProto, base: Path, what: str) -> None:
 
 
 def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if opset is None:
         raise LoadError(f"{what} imports no version of the default ONNX domain")
     local = {f.domain for f in proto.functions}

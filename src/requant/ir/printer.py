@@ -29,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.ir.annotations import element_name, quant_type, request
+from requant.ir.queries import op_name
 
 __all__ = ["print_graph", "print_model", "type_text"]
 
@@ -150,7 +151,7 @@ class _Printer:
 
     def node(self, node: ir.Node, indent: int) -> None:
         outs = ", ".join(f"{self.name(o)}: {type_text(o)}" for o in node.outputs)
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op = op_name(node)
         if node.overload:
             op += f":{node.overload}"
         args = ", ".join(self.name(v) for v in node.inputs)

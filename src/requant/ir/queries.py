@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-__all__ = ["DEFAULT_DOMAINS", "constant", "is_op"]
+__all__ = ["DEFAULT_DOMAINS", "constant", "graph_values", "is_op", "op_name"]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -14,6 +14,16 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 def is_op(node: ir.Node, op_type: str) -> bool:
     """Whether ``node`` is the standard ONNX operator ``op_type``."""
     return node.op_type == op_type and node.domain in DEFAULT_DOMAINS
+
+
+def op_name(node: ir.Node) -> str:
+    """``Conv`` for a standard operator, ``com.microsoft.QGemm`` for others."""
+    return node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
+def graph_values(graph: ir.Graph) -> list[ir.Value]:
+    """The graph's inputs, initializers and node outputs, in that order (not those of subgraphs)."""
+    return [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
 
 
 def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:

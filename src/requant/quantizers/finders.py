@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY
+from requant.ir.queries import op_name
 
 __all__ = [
     "All",
@@ -30,6 +31,11 @@ __all__ = [
     "Predicate",
     "module_path_of",
 ]
+
+
+def within(path: str, module: str) -> bool:
+    """Whether module ``path`` is ``module`` or one of its submodules (``""`` is the whole model)."""
+    return not module or path == module or path.startswith(module + ".")
 
 
 def module_path_of(node: ir.Node) -> str | None:
@@ -86,8 +92,7 @@ class OpType(NodeFinder):
         object.__setattr__(self, "op_types", tuple(op_types))
 
     def matches(self, node: ir.Node) -> bool:
-        name = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        return name in self.op_types
+        return op_name(node) in self.op_types
 
     def __repr__(self) -> str:
         return f"OpType({', '.join(self.op_types)})"
@@ -117,7 +122,7 @@ class ModulePath(NodeFinder):
 
     def matches(self, node: ir.Node) -> bool:
         path = module_path_of(node)
-        return path is not None and (not self.path or path == self.path or path.startswith(self.path + "."))
+        return path is not None and within(path, self.path)
 
     def __repr__(self) -> str:
         return f"ModulePath({self.path!r})"

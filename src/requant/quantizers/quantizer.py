@@ -17,7 +17,16 @@ import onnx_ir as ir
 from requant.errors import RequantError
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.quantizers.config import DerivedBias, QuantizationConfig
-from requant.quantizers.finders import Global, ModulePath, ModuleType, NodeFinder, NodeName, OpType, module_path_of
+from requant.quantizers.finders import (
+    Global,
+    ModulePath,
+    ModuleType,
+    NodeFinder,
+    NodeName,
+    OpType,
+    module_path_of,
+    within,
+)
 from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.pattern_quantizer import PatternQuantizer, QuantizeState
 from requant.quantizers.records import QuantizerRecord, QuantizerReport
@@ -79,7 +88,7 @@ class _ModuleParamsFinder(NodeFinder):
         node_path = module_path_of(node)
         if node_path is None:
             return False
-        owners = [p for p in self.all_paths if not p or node_path == p or node_path.startswith(p + ".")]
+        owners = [p for p in self.all_paths if within(node_path, p)]
         return bool(owners) and max(owners, key=len) == self.path
 
     def __repr__(self) -> str:

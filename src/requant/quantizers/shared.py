@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from requant.ir.annotations import request, set_request
-from requant.ir.queries import constant
+from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values
 from requant.ir.requests import NoQuant, Request, SharedSpec
 from requant.ir.traits import DATA_MOVEMENT, data_inputs
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, QuantizeState
@@ -52,10 +52,10 @@ class SharedSpecQuantizer:
     def annotate(self, model: ir.Model, state: QuantizeState) -> QuantizerRecord:
         record = QuantizerRecord("SharedSpecQuantizer", f"OpType({', '.join(self.ops)})", "SHARED", "DATA_MOVEMENT")
         graph = model.graph
-        values = [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+        values = graph_values(graph)
         by_name = {v.name: v for v in values if v.name}
         for node in model.graph:
-            if node.op_type not in self.ops or node.domain not in ("", "ai.onnx"):
+            if node.op_type not in self.ops or node.domain not in DEFAULT_DOMAINS:
                 continue
             record.selected += 1
             name = node.name or node.op_type
