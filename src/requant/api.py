@@ -65,9 +65,16 @@ def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: P
 
 def convert(model: ir.Model) -> tuple[ir.Model, list[Any], LintResult]:
     """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime."""
+    model, _, notes, lint_result = _convert(model)
+    return model, notes, lint_result
+
+
+def _convert(model: ir.Model) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult]:
+    """``convert``, also returning the quantized model serialized (once: lint and the report share it)."""
     notes = propagate(model)
     model = materialize_qdq(model)
-    return model, notes, lint(model)
+    proto = ir.serde.serialize_model(model)
+    return model, proto, notes, lint(proto)
 
 
 def _session(proto: onnx.ModelProto) -> Any:
@@ -90,9 +97,8 @@ def _latency_ms(session: Any, sample: Mapping[str, np.ndarray], runs: int = 50) 
     return float(np.median(times) * 1e3)
 
 
-def _agreement(model: ir.Model, float_proto: Any, quantized_proto: Any, data: Any) -> dict[str, float]:
+def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> dict[str, float]:
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
-    f_session, q_session = _session(float_proto), _session(quantized_proto)
     labels = None
     if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz":
         with np.load(data) as archive:
@@ -140,10 +146,9 @@ def quantize(
     """
     started = time.perf_counter()
     prepared, quantizer_report = prepare(model, quantizer, target, **load_options)
-    float_proto = ir.serde.serialize_model(prepared)  # once: for the size, and sessions to compare with
+    float_proto = ir.serde.serialize_model(prepared)  # once: its size, and the float session
     chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
-    quantized, notes, lint_result = convert(prepared)
-    quantized_proto = ir.serde.serialize_model(quantized)
+    quantized, quantized_proto, notes, lint_result = _convert(prepared)
     report: dict[str, Any] = {
         "target": target,
         "quantizers": quantizer_report.to_json(),
@@ -153,14 +158,16 @@ def quantize(
         "size_bytes": {"float": float_proto.ByteSize(), "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
     }
-    if measure:
-        sample = next(iter(iter_samples(quantized, calibration_data)))
-        report["latency_ms_batch1"] = {
-            "float": _latency_ms(_session(float_proto), sample),
-            "quantized": _latency_ms(_session(quantized_proto), sample),
-        }
-    if eval_data is not None:
-        report["evaluation"] = _agreement(quantized, float_proto, quantized_proto, eval_data)
+    if measure or eval_data is not None:
+        f_session, q_session = _session(float_proto), _session(quantized_proto)  # once: latency and evaluation
+        if measure:
+            sample = next(iter(iter_samples(quantized, calibration_data)))
+            report["latency_ms_batch1"] = {
+                "float": _latency_ms(f_session, sample),
+                "quantized": _latency_ms(q_session, sample),
+            }
+        if eval_data is not None:
+            report["evaluation"] = _agreement(quantized, f_session, q_session, eval_data)
     result = QuantizedModel(quantized, report)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
