@@ -80,9 +80,8 @@ def _arrays(t: UniformType, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[An
         raise ExportError(f"value '{name}': ONNX scales are float32, float16 or double, not {t.expressed}")
     if t.storage not in STORAGE_DTYPES:
         raise ExportError(f"value '{name}': ONNX has no {t.storage} quantized type ({', '.join(STORAGE_DTYPES)})")
-    if (t.has_storage_bounds and t.storage not in ("i8", "u8")) or (
-        t.has_storage_bounds and (t.storage_min, t.storage_max) not in ((-127, 127), (1, 255))
-    ):
+    narrow = t.storage in ("i8", "u8") and (t.storage_min, t.storage_max) in ((-127, 127), (1, 255))
+    if t.has_storage_bounds and not narrow:
         log.info("value '%s': storage bounds %s are kept by the scale choice, not by ONNX", name, t)
     storage = t.storage_type.numpy_dtype
     if isinstance(t, UniformQuantizedType):
@@ -107,8 +106,7 @@ class _Builder:
     def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
         self.cache: dict[str, _Params] = {}
-        self.taken = {str(v.name) for v in graph.inputs} | set(graph.initializers)
-        self.taken |= {str(o.name) for n in graph for o in n.outputs if o.name}
+        self.taken = {str(v.name) for v in graph_values(graph) if v.name}
 
     def name(self, base: str) -> str:
         name, i = base, 1

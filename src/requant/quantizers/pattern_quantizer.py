@@ -36,6 +36,18 @@ class QuantizeState:
 
     annotated: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
 
+    def mark(self, node: ir.Node, by: str) -> None:
+        """``node`` is annotated by ``by`` (also recorded on the node, for the printer and later runs)."""
+        self.annotated[node] = by
+        node.metadata_props[ANNOTATED_KEY] = by
+
+    def already(self, node: ir.Node) -> NodeDecision | None:
+        """The decision to record when an earlier quantizer annotated ``node``, else None."""
+        by = self.annotated.get(node)
+        if by is None:
+            return None
+        return NodeDecision([node.name or node.op_type], node.op_type, "already annotated", f"annotated by {by}")
+
 
 def _weight_request(node: ir.Node, spec: Request) -> Request:
     if isinstance(spec, QuantizationSpec) and spec.granularity == "per_axis":
@@ -99,12 +111,7 @@ class PatternQuantizer:
         selected = self.node_finder.find(model)
         record.selected = len(selected)
         fresh = [n for n in selected if n not in state.annotated]
-        for node in selected:
-            if node in state.annotated:
-                record.decisions.append(
-                    NodeDecision([node.name or node.op_type], node.op_type, "already annotated",
-                                 f"annotated by {state.annotated[node]}")
-                )  # fmt: skip
+        record.decisions.extend(d for node in selected if (d := state.already(node)) is not None)
         matches, unmatched = self.pattern_matcher.match(fresh)
         for node in unmatched:
             if node.op_type in DATA_MOVEMENT:  # the shared-spec quantizer's business, not a rejection
@@ -127,7 +134,6 @@ class PatternQuantizer:
                 shown = str(wanted) if existing is None or existing == wanted else f"{existing} (kept; asked {wanted})"
                 (decision.outputs if value in outputs else decision.inputs)[str(value.name)] = shown
             for node in match.nodes:
-                state.annotated[node] = self.describe()
-                node.metadata_props[ANNOTATED_KEY] = self.describe()
+                state.mark(node, self.describe())
             record.decisions.append(decision)
         return record

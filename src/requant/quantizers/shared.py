@@ -23,7 +23,7 @@ from requant.ir.annotations import request, set_request
 from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values
 from requant.ir.requests import NoQuant, Request, SharedSpec
 from requant.ir.traits import DATA_MOVEMENT, data_inputs
-from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, QuantizeState
+from requant.quantizers.pattern_quantizer import QuantizeState
 from requant.quantizers.records import NodeDecision, QuantizerRecord
 
 __all__ = ["SharedSpecQuantizer"]
@@ -58,11 +58,10 @@ class SharedSpecQuantizer:
             if node.op_type not in self.ops or node.domain not in DEFAULT_DOMAINS:
                 continue
             record.selected += 1
-            name = node.name or node.op_type
-            if node in state.annotated:
-                reason = f"annotated by {state.annotated[node]}"
-                record.decisions.append(NodeDecision([name], node.op_type, "already annotated", reason))
+            if (earlier := state.already(node)) is not None:
+                record.decisions.append(earlier)
                 continue
+            name = node.name or node.op_type
             sources = [node.inputs[i] for i in data_inputs(node)]
             reason = self._float_reason(node, sources)
             if reason:
@@ -81,8 +80,7 @@ class SharedSpecQuantizer:
                 if existing is None or existing == _root(first, by_name):
                     set_request(out, wanted)
                 decision.outputs[str(out.name)] = str(request(out))
-            state.annotated[node] = self.describe()
-            node.metadata_props[ANNOTATED_KEY] = self.describe()
+            state.mark(node, self.describe())
             record.decisions.append(decision)
         return record
 
