@@ -97,3 +97,18 @@ def test_users_register_their_own_method() -> None:
     s = QuantizationSpec("int8", True, observer="unit_range")
     t = make_observer(s).compute(s)
     assert isinstance(t, UniformQuantizedType) and t.scale == float(np.float32(1 / 127.5))
+
+
+def test_histogram_rules_count_the_levels_a_reduced_range_leaves() -> None:
+    # 7-bit storage has half the levels: coarser steps make the MSE search clip harder, and the
+    # computed type keeps the reduced bounds
+    x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    ranges = {}
+    for reduced in (False, True):
+        spec = QuantizationSpec("uint8", observer="mse", reduce_range=reduced)
+        observer = make_observer(spec)
+        observer.update(x)
+        ranges[reduced] = observer.range(spec)
+        t = observer.compute(spec)
+        assert isinstance(t, UniformQuantizedType) and t.storage_max == (127 if reduced else 255)
+    assert ranges[True][1] < ranges[False][1] - 0.2 and ranges[True][0] > ranges[False][0] + 0.2

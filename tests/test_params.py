@@ -15,6 +15,7 @@ from requant.types import (
     dcast,
     from_range,
     qcast,
+    storage_bounds,
 )
 
 
@@ -47,6 +48,8 @@ def test_reduce_range_drops_one_bit() -> None:
     assert (u.zero_point, u.scale, u.storage_min, u.storage_max) == (0, float(np.float32(1 / 127)), 0, 127)
     n = from_range(-2.0, 1.0, "i8", symmetric=True, reduce_range=True, narrow_range=True)
     assert isinstance(n, UniformQuantizedType) and (n.storage_min, n.storage_max) == (-63, 63)
+    assert storage_bounds("i8") == (-128, 127) and storage_bounds("u4", reduce_range=True) == (0, 7)
+    assert storage_bounds("i8", narrow_range=True, reduce_range=True) == (-63, 63)
 
 
 def test_range_is_widened_to_contain_zero() -> None:

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from requant.errors import RequantError
 from requant.ir.requests import QuantizationSpec, register_observer
-from requant.types import UniformType, from_range
+from requant.types import UniformType, from_range, storage_bounds
 
 __all__ = [
     "CalibrationError",
@@ -238,8 +238,8 @@ def _percentile_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str
 
 
 def _levels(spec: QuantizationSpec) -> int:
-    bits = int(spec.storage[1:])
-    return (1 << bits) - (1 if spec.narrow_range else 0)
+    qmin, qmax = storage_bounds(spec.storage, narrow_range=spec.narrow_range, reduce_range=spec.reduce_range)
+    return qmax - qmin + 1
 
 
 def _abs_histogram(h: Histogram) -> tuple[Array, float]:

@@ -5,7 +5,7 @@ This package imports nothing else of requant's but :mod:`requant.errors`.
 
 from requant.types.floats import FLOAT_FORMATS, FloatFormat
 from requant.types.numerics import ROUNDING_MODES, dcast, qcast, scast
-from requant.types.params import from_range
+from requant.types.params import from_range, storage_bounds
 from requant.types.quantized import (
     AnyQuantizedType,
     CalibratedQuantizedType,
@@ -40,6 +40,7 @@ __all__ = [
     "parse_type",
     "qcast",
     "scast",
+    "storage_bounds",
     "verify_cast",
     "verify_container",
 ]

@@ -39,7 +39,22 @@ from requant.types.quantized import (
 )
 from requant.types.storage import storage_type
 
-__all__ = ["from_range"]
+__all__ = ["from_range", "storage_bounds"]
+
+
+def storage_bounds(storage: str, *, narrow_range: bool = False, reduce_range: bool = False) -> tuple[int, int]:
+    """The stored integers a range maps onto: the storage type's, one bit less with ``reduce_range``
+    (int8 [-64, 63], uint8 [0, 127]: ONNX Runtime's and PyTorch's reduce_range), without the
+    lowest with ``narrow_range``."""
+    st = storage_type(storage)
+    qmin, qmax = st.min, st.max
+    if reduce_range:
+        qmin, qmax = (qmin // 2, qmax // 2) if st.signed else (0, qmax // 2)
+    if narrow_range:
+        qmin += 1
+    if qmax - qmin < 1:
+        raise QuantTypeError(f"narrow range leaves no values in {st}")
+    return qmin, qmax
 
 
 def _check(name: str, values: npt.NDArray[np.float64]) -> None:
@@ -90,12 +105,7 @@ def from_range(
         raise QuantTypeError(f"illegal min and max: ({lo.flat[i]}:{hi.flat[i]}); min must not exceed max")
     lo = np.minimum(lo, 0.0)
     hi = np.maximum(hi, 0.0)
-    qmin, qmax = st.min, st.max
-    if reduce_range:  # one bit less: int8 [-64, 63], uint8 [0, 127] (ONNX Runtime's and PyTorch's reduce_range)
-        qmin, qmax = (qmin // 2, qmax // 2) if st.signed else (0, qmax // 2)
-    qmin += 1 if narrow_range else 0
-    if qmax - qmin < 1:
-        raise QuantTypeError(f"narrow range leaves no values in {st}")
+    qmin, qmax = storage_bounds(storage, narrow_range=narrow_range, reduce_range=reduce_range)
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.maximum(-lo, hi) / ((qmax - qmin) / 2.0) if symmetric else (hi - lo) / float(qmax - qmin)
     if np.any(scale > fmt.scale_range[1]):
