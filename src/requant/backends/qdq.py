@@ -28,7 +28,14 @@ import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
-from requant.ir.annotations import load_annotations, quant_type, replace_value, set_quant_type, set_request
+from requant.ir.annotations import (
+    iter_values,
+    load_annotations,
+    quant_type,
+    replace_value,
+    set_quant_type,
+    set_request,
+)
 from requant.ir.queries import graph_values, is_op
 from requant.types import (
     UniformQuantizedPerAxisType,
@@ -203,9 +210,7 @@ def _strip_debug_metadata(model: ir.Model) -> None:
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         for key in _DEBUG_KEYS:
             node.metadata_props.pop(key, None)
-        for value in node.outputs:
-            set_request(value, None)
-    for value in [*model.graph.inputs, *model.graph.initializers.values()]:
+    for value in iter_values(model.graph):
         set_request(value, None)
 
 

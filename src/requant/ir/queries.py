@@ -22,7 +22,8 @@ def op_name(node: ir.Node) -> str:
 
 
 def graph_values(graph: ir.Graph) -> list[ir.Value]:
-    """The graph's inputs, initializers and node outputs, in that order (not those of subgraphs)."""
+    """The graph's inputs, initializers and node outputs, in that order; not those of subgraphs
+    (``requant.ir.annotations.iter_values`` walks those too): quantization works on the main graph."""
     return [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,14 +21,7 @@ class NodeDecision:
     outputs: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "nodes": self.nodes,
-            "pattern": self.pattern,
-            "status": self.status,
-            "reason": self.reason,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
