@@ -20,7 +20,8 @@ setup: $(STAMP)
 # The main job: quantize the bundled digits CNN with its bundled data, report accuracy and speed.
 demo: $(STAMP)
 	$(VENV)/bin/requant quantize examples/digits/digits_cnn.onnx -o build/digits_cnn_int8.onnx \
-		--calib examples/digits/calib.npz --eval examples/digits/eval.npz --report-json build/digits_report.json
+		--calib examples/digits/calib.npz --eval examples/digits/eval.npz --report-json build/digits_report.json \
+		--report-md build/digits_report.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

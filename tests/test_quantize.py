@@ -180,8 +180,7 @@ def test_a_bias_whose_input_is_kept_float_stays_float() -> None:
 
     rng = np.random.default_rng(1)
     proto = onnx.parser.parse_model(
-        '<ir_version: 10, opset_import: ["" : 21]>'
-        " g (float[N,4] x) => (float[N,3] y) { r = Relu(x) y = Gemm(r, w, b) }"
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4] x) => (float[N,3] y) { r = Relu(x) y = Gemm(r, w, b) }'
     )
     weight, bias = rng.standard_normal((4, 3)).astype(np.float32), np.array([0.1, -0.2, 0.3], np.float32)
     proto.graph.initializer.extend([onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])

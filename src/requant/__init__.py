@@ -9,7 +9,7 @@ from requant.errors import QuantTypeError, RequantError
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["QuantTypeError", "RequantError", "__version__", "load"]
+__all__ = ["QuantTypeError", "RequantError", "__version__", "load", "quantize"]
 __version__ = "0.1.0"
 
 
@@ -21,3 +21,10 @@ def load(source: Any, example_inputs: Any = None, dynamic_shapes: Any = None) ->
     from requant.frontends import load as _load
 
     return _load(source, example_inputs, dynamic_shapes)
+
+
+def quantize(model: Any, calibration_data: Any, **options: Any) -> Any:
+    """Quantize ``model`` with ``calibration_data``: :func:`requant.api.quantize` (imported lazily)."""
+    from requant.api import quantize as _quantize
+
+    return _quantize(model, calibration_data, **options)

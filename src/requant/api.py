@@ -47,15 +47,22 @@ class QuantizedModel:
 
 
 def prepare(
-    source: Any, quantizer: Quantizer | None = None, target: str = "onnxruntime-cpu", **load_options: Any
+    source: Any,
+    quantizer: Quantizer | None = None,
+    target: str = "onnxruntime-cpu",
+    strict: bool = False,
+    **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or int8 with per-channel weights)."""
+    """Load, canonicalize and annotate (with ``quantizer``, or int8 with per-channel weights).
+
+    ``strict``: a node a quantizer was asked to quantize but could not is an error naming it.
+    """
     if target not in TARGETS:
         raise RequantError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
     quantizer = quantizer or Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS)
-    return model, quantizer.quantize(model)
+    return model, quantizer.quantize(model, strict=strict)
 
 
 def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: Progress | None = None) -> list[Any]:
@@ -135,6 +142,7 @@ def quantize(
     eval_data: Any = None,
     progress: Progress | None = None,
     measure: bool = True,
+    strict: bool = False,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -142,10 +150,11 @@ def quantize(
     ``method`` overrides the calibration method of activations (``minmax``, ``percentile``,
     ``entropy``, ``mse``...). With ``eval_data`` the report compares the outputs of the float and
     quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
-    ``measure=False`` skips the latency measurement (batch 1, before and after).
+    ``measure=False`` skips the latency measurement (batch 1, before and after). ``strict``: a
+    node a quantizer was asked to quantize but could not is an error naming it and the reason.
     """
     started = time.perf_counter()
-    prepared, quantizer_report = prepare(model, quantizer, target, **load_options)
+    prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
     float_proto = ir.serde.serialize_model(prepared)  # once: its size, and the float session
     chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
     quantized, quantized_proto, notes, lint_result = _convert(prepared)

@@ -1,5 +1,6 @@
 """Calibration: observers (pure statistics) and the streaming runner that feeds them."""
 
+from requant.calibration.images import IMAGE_PRESETS, IMAGENET, UNIT, ImageFolder, ImagePreprocessing
 from requant.calibration.observers import (
     CalibrationError,
     Histogram,
@@ -12,9 +13,14 @@ from requant.calibration.observers import (
 )
 
 __all__ = [
+    "IMAGENET",
+    "IMAGE_PRESETS",
+    "UNIT",
     "CalibrationError",
     "Histogram",
     "HistogramObserver",
+    "ImageFolder",
+    "ImagePreprocessing",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "Observer",

@@ -6,7 +6,9 @@ Accepted forms:
   each sample keeps a batch dimension of 1;
 - a ``.npy`` file, or one array, for a single-input model, the same way;
 - a folder of ``.npz``/``.npy`` files, each one sample (or a batch), in file-name order;
-- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run.
+- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run;
+- an :class:`~requant.calibration.images.ImageFolder`: a folder of images with its stated
+  preprocessing (a folder of images given as a plain path is an error that says so).
 
 Every sample is checked before it is used: the model's inputs are all there and no other names
 are; ranks and static dimensions match (symbolic ones may differ from sample to sample); float
@@ -25,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
+from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 
 __all__ = ["Sample", "check_sample", "iter_samples"]
@@ -105,14 +108,23 @@ def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
         path = Path(source)
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+            if not files and image_files(path):
+                raise CalibrationError(
+                    f"'{path}' holds images: state how to preprocess them, with ImageFolder(path, IMAGENET) "
+                    "in Python, or --images imagenet (or an [images] table in --config) on the command line"
+                )
             if not files:
                 raise CalibrationError(f"'{path}' holds no .npz or .npy files")
             for file in files:
                 if file.suffix == ".npz":
                     with np.load(file) as data:
                         yield {k: data[k] for k in data.files}
+                elif single_input is None:
+                    raise CalibrationError(
+                        f"'{file}': a .npy file can only feed a single-input model; use .npz with input names"
+                    )
                 else:
-                    yield {single_input: np.load(file)} if single_input else {}
+                    yield {single_input: np.load(file)}
             return
         if not path.is_file():
             raise CalibrationError(f"no calibration data at '{path}'")
@@ -134,7 +146,8 @@ def iter_samples(model: ir.Model, source: Any) -> Iterator[Sample]:
     inputs = _inputs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None
     count = 0
-    for count, raw in enumerate(_raw(source, single), start=1):
+    raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single)
+    for count, raw in enumerate(raws, start=1):
         yield check_sample(model, raw, f"calibration sample {count}")
     if count == 0:
         raise CalibrationError("the calibration data set is empty")

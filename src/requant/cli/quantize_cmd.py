@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from requant.quantizers import PRESETS, Quantizer
+from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
+from requant.errors import RequantError
+from requant.quantizers import PRESETS
 
 __all__ = ["register"]
 
@@ -16,38 +19,82 @@ def register(commands: Any) -> None:
     sub = commands.add_parser(
         "quantize",
         help="quantize a model for a target, with calibration data, and report what was done",
-        description="Quantize IN with the calibration data, write OUT, print a summary.",
+        description="Quantize IN with the calibration data, write OUT, print a summary. "
+        "Flags override what the --config file says.",
     )
     sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt)")
-    sub.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the quantized model")
-    sub.add_argument("--calib", required=True, metavar="DATA", help="calibration data: .npz/.npy file or a folder")
-    sub.add_argument("--target", default="onnxruntime-cpu", help="the target (default: onnxruntime-cpu)")
-    sub.add_argument("--method", help="calibration method for activations: minmax, percentile, entropy, mse, ...")
+    sub.add_argument("-o", "--output", metavar="OUT", help="where to write the quantized model")
     sub.add_argument(
-        "--preset", default="INT8_PER_CHANNEL_WEIGHTS", choices=sorted(PRESETS), help="quantization config"
+        "--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder of images"
+    )
+    sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
+    sub.add_argument("--target", help="the target (default: onnxruntime-cpu)")
+    sub.add_argument("--method", help="calibration method for activations: minmax, percentile, entropy, mse, ...")
+    sub.add_argument("--preset", choices=sorted(PRESETS), help="the global config (default: INT8_PER_CHANNEL_WEIGHTS)")
+    sub.add_argument(
+        "--images", choices=sorted(IMAGE_PRESETS), help="preprocessing of image folders given as --calib/--eval"
     )
     sub.add_argument("--eval", metavar="DATA", help="evaluation data (.npz; a 'labels' array gives accuracy)")
+    sub.add_argument(
+        "--strict", action="store_true", default=None, help="fail if a node asked to be quantized cannot be"
+    )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
+    sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
     sub.set_defaults(run=run)
+
+
+def _data(path: str | None, images: Any) -> Any:
+    """A data path, or an ImageFolder when it is a folder of images and a preprocessing was stated."""
+    if path is None or images is None:
+        return path
+    folder = Path(path)
+    if folder.is_dir() and image_files(folder):
+        return ImageFolder(folder, images)
+    return path
+
+
+def _write(path: str, text: str) -> None:
+    """Write whole or not at all."""
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(text)
+    partial.replace(target)
 
 
 def run(args: argparse.Namespace) -> int:
     from requant.api import quantize
+    from requant.config_file import RunSettings, read_config
+    from requant.report.markdown import to_markdown
 
-    quantizer = Quantizer().set_global(PRESETS[args.preset])
+    settings = read_config(args.config) if args.config else RunSettings()
+    for flag, key in (
+        ("output", "output"), ("calib", "calib"), ("eval", "eval"), ("target", "target"), ("method", "method"),
+        ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
+    ):  # fmt: skip
+        if getattr(args, flag) is not None:
+            setattr(settings, key, getattr(args, flag))
+    if args.images is not None:
+        settings.images = IMAGE_PRESETS[args.images]
+    for key, flag in (("output", "-o/--output"), ("calib", "--calib")):
+        if getattr(settings, key) is None:
+            raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
     result = quantize(
         args.input,
-        args.calib,
-        target=args.target,
-        quantizer=quantizer,
-        method=args.method,
-        output=args.output,
-        eval_data=args.eval,
+        _data(settings.calib, settings.images),
+        target=settings.target,
+        quantizer=settings.quantizer(),
+        method=settings.method,
+        output=settings.output,
+        eval_data=_data(settings.eval, settings.images),
+        strict=settings.strict,
     )
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
-    print(f"wrote {args.output}")
-    if args.report_json:
-        with open(args.report_json, "w") as f:
-            json.dump(result.report, f, indent=2, sort_keys=True, default=str)
+    print(f"wrote {settings.output}")
+    if settings.report_json:
+        _write(settings.report_json, json.dumps(result.report, indent=2, sort_keys=True, default=str) + "\n")
+        print(f"wrote {settings.report_json}")
+    if settings.report_markdown:
+        _write(settings.report_markdown, to_markdown(result.report))
+        print(f"wrote {settings.report_markdown}")
     return 0

@@ -1,0 +1,130 @@
+"""The report as a Markdown page: the summary, what ONNX Runtime fused, every quantizer decision and every port's type.
+
+It is rendered from the JSON report (``QuantizedModel.report``), so a saved ``--report-json``
+file renders to the same page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["to_markdown"]
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _summary(report: Mapping[str, Any]) -> list[str]:
+    rows: list[tuple[str, str]] = [("target", report["target"])]
+    size = report["size_bytes"]
+    rows.append(
+        (
+            "size",
+            f"{size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
+            f"({size['quantized'] / size['float']:.2f}x)",
+        )
+    )
+    latency = report.get("latency_ms_batch1")
+    if latency:
+        ratio = latency["quantized"] / latency["float"]
+        rows.append(("latency, batch 1", f"{latency['float']:.3f} ms -> {latency['quantized']:.3f} ms ({ratio:.2f}x)"))
+    ev = report.get("evaluation")
+    if ev:
+        if "float_accuracy" in ev:
+            rows.append(("accuracy (float / int8)", f"{ev['float_accuracy']:.4f} / {ev['int8_accuracy']:.4f}"))
+        rows.append(("top-1 agreement with float", f"{ev['top1_agreement']:.4f} ({int(ev['samples'])} samples)"))
+        rows.append(("cosine similarity", f"{ev['cosine_similarity']:.5f}"))
+        rows.append(("SQNR", f"{ev['sqnr_db']:.1f} dB"))
+    rows.append(("quantized in", f"{report['quantize_seconds']:.1f} s"))
+    return _table(("figure", "value"), rows)
+
+
+def _lint(lint: Mapping[str, Any]) -> list[str]:
+    kernels = lint["int8_kernels"]
+    lines = ["## What ONNX Runtime ran", ""]
+    lines.append(f"int8 kernels in ONNX Runtime's optimized graph: {sum(kernels.values())}.")
+    lines.append("")
+    if kernels:
+        lines += _table(("kernel", "count"), sorted(kernels.items()))
+    for key, title in (
+        ("float_between_dequantize_and_quantize", "Ops that stayed float between DequantizeLinear and QuantizeLinear"),
+        ("leftover_quantize_dequantize_pairs", "QuantizeLinear -> DequantizeLinear pairs with nothing fused"),
+        ("dequantized_constants", "Constants dequantized at run time"),
+    ):
+        items = lint.get(key) or []
+        lines.append(f"{title}: {len(items)}.")
+        lines.append("")
+        lines += [f"- {item}" for item in items]
+        if items:
+            lines.append("")
+    return lines
+
+
+def _quantizers(quantizers: Mapping[str, Any]) -> list[str]:
+    lines = ["## Quantizers", "", "Applied in this order; a node annotated by one is not annotated again.", ""]
+    rows = [
+        (
+            q["quantizer"],
+            q["finder"],
+            q["config"],
+            q["selected_nodes"],
+            q["accepted"],
+            q["rejected"],
+            q["rejected_already_annotated"],
+        )
+        for q in quantizers["quantizers"]
+    ]
+    lines += _table(("quantizer", "finder", "config", "selected", "accepted", "rejected", "already annotated"), rows)
+    for warning in quantizers.get("warnings", []):
+        lines += [f"> **Warning:** {warning}", ""]
+    rejected = [
+        (", ".join(d["nodes"]), d["pattern"], q["quantizer"], d["reason"])
+        for q in quantizers["quantizers"]
+        for d in q["decisions"]
+        if d["status"] == "rejected"
+    ]
+    lines += ["### Rejected patterns", ""]
+    lines += _table(("nodes", "pattern", "quantizer", "reason"), rejected) if rejected else ["None.", ""]
+    unannotated = quantizers.get("unannotated_nodes", [])
+    lines += ["### Nodes no quantizer annotated (they stay float)", ""]
+    lines += [f"- {n}" for n in unannotated] if unannotated else ["None."]
+    return [*lines, ""]
+
+
+def _short(type_text: str, limit: int = 160) -> str:
+    """A per-channel type cut to its first values (the JSON report keeps all of them)."""
+    if len(type_text) <= limit:
+        return f"`{type_text}`"
+    count = type_text[type_text.find("{") :].count(",") + 1
+    return f"`{type_text[:limit]}...` ({count} values)"
+
+
+def _ports(report: Mapping[str, Any]) -> list[str]:
+    lines = ["## Quantized types", ""]
+    calibrated = report.get("calibrated", [])
+    lines += ["### Calibrated", ""]
+    rows = [(f"`{c['value']}`", c["kind"], c["observer"], _short(c["type"])) for c in calibrated]
+    lines += _table(("value", "kind", "observer", "type"), rows) if rows else ["None.", ""]
+    propagated = report.get("propagated", [])
+    lines += ["### Propagated", ""]
+    shared = [(f"`{p['value']}`", p["why"], _short(p["type"])) for p in propagated]
+    lines += _table(("value", "why", "type"), shared) if shared else ["None.", ""]
+    return lines
+
+
+def to_markdown(report: Mapping[str, Any], title: str = "requant quantization report") -> str:
+    """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
+    lines = [f"# {title}", ""]
+    lines += _summary(report)
+    lines += _lint(report["lint"])
+    lines += _quantizers(report["quantizers"])
+    lines += _ports(report)
+    return "\n".join(lines).rstrip("\n") + "\n"
