@@ -246,3 +246,34 @@ def test_module_parameters_inherit(monkeypatch: pytest.MonkeyPatch) -> None:
     assert configs["block.inner.0"] == "QuantParams(block.inner)"  # sets its own: float
     assert configs["block"] == "QuantParams(block)"  # F.relu inside block gets block's
     assert configs["head"] == "QuantParams(head)"
+
+
+DEPTHWISE = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[1,2,4,4] X) => (float[1,2,4,4] Y) {
+    Wd = Constant <value = float[2,1,1,1] {0.5, -2.0}> ()
+    d = Conv <group = 2> (X, Wd)
+    Wp = Constant <value = float[2,2,1,1] {1.0, -0.5, 0.25, 2.0}> ()
+    Y = Conv(d, Wp)
+}
+"""
+
+
+def test_depthwise_convs_keep_full_range_weights_under_a_reduced_range_config() -> None:
+    from requant.quantizers import INT8_REDUCED_RANGE_WEIGHTS
+
+    m = model(DEPTHWISE)
+    report = Quantizer().set_global(INT8_REDUCED_RANGE_WEIGHTS).quantize(m)
+    requests = requests_of(m)
+    assert requests["Wd"] == "#requant.spec<int8, symmetric, per_axis = 0, observer = minmax>"
+    assert requests["Wp"] == "#requant.spec<int8, symmetric, reduced, per_axis = 0, observer = minmax>"
+    notes = {tuple(d.nodes): d.reason for d in report.records[0].decisions}
+    assert list(notes.values()) == ["depthwise Conv: full-range weights (int32 kernel)", ""]
+    # a config without reduced range is left alone
+    m = model(DEPTHWISE)
+    Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).quantize(m)
+    assert (
+        requests_of(m)["Wd"]
+        == requests_of(m)["Wp"]
+        == "#requant.spec<int8, symmetric, per_axis = 0, observer = minmax>"
+    )

@@ -26,7 +26,7 @@ from requant.calibration.runner import Progress, terminal_progress
 from requant.errors import RequantError
 from requant.frontends import load, save_onnx
 from requant.passes import get_passes, run_passes
-from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer, QuantizerReport
+from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer, QuantizerReport
 from requant.report.lint import LintResult, lint
 
 __all__ = ["QuantizedModel", "calibrate", "convert", "prepare", "quantize"]
@@ -53,7 +53,7 @@ def prepare(
     strict: bool = False,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or int8 with per-channel weights).
+    """Load, canonicalize and annotate (with ``quantizer``, or the default preset, ``INT8_REDUCED_RANGE_WEIGHTS``).
 
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it.
     """
@@ -61,7 +61,7 @@ def prepare(
         raise RequantError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
-    quantizer = quantizer or Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS)
+    quantizer = quantizer or Quantizer().set_global(PRESETS[DEFAULT_PRESET])
     return model, quantizer.quantize(model, strict=strict)
 
 

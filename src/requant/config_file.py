@@ -46,7 +46,7 @@ from typing import Any
 from requant.calibration.images import ImagePreprocessing
 from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
-from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
+from requant.quantizers.config import DEFAULT_PRESET, PRESETS, DerivedBias, QuantizationConfig
 from requant.quantizers.quantizer import Quantizer, QuantParams
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
@@ -70,7 +70,7 @@ class RunSettings:
     output: str | None = None
     target: str = "onnxruntime-cpu"
     method: str | None = None
-    preset: str = "INT8_PER_CHANNEL_WEIGHTS"
+    preset: str = DEFAULT_PRESET
     strict: bool = False
     images: ImagePreprocessing | None = None
     report_json: str | None = None

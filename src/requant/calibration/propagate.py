@@ -3,9 +3,13 @@
 In a fixed order that does not depend on which node or quantizer came first: fixed requests,
 then shared ones (each follows its chain to a value with a type), then derived ones (a bias:
 scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
-whose quantized value would not fit int32 (tiny weight scales) raises that channel's weight scale
-just enough, and says so. A bias whose input is kept float (a ``NoQuant`` request, from a
-``None`` config) stays float too.
+whose quantized value would not leave room in int32 for the kernel's accumulation (tiny weight
+scales: BN-folded dead channels) raises that channel's weight scale just enough, and says so.
+The room is ``K * max|input - zero point| * max|weight|`` for a reduction over ``K`` products:
+ONNX Runtime's int8 kernels add the bias to an int32 accumulator, which wraps around (a bias of
+-2^31 + 10 plus a negative sum becomes a large positive output: measured on EfficientNet-Lite0's
+stem, whose two dead channels then output 6.0 instead of 0). A bias whose input is kept float
+(a ``NoQuant`` request, from a ``None`` config) stays float too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ class Propagated:
     value: str
     type: str
     why: str
+
+
+def _bias_limit(types: list[UniformType], weight: ir.Value | None, channels: int) -> float:
+    """The largest |quantized bias| that leaves the int32 accumulator room for the kernel's products."""
+    if len(types) < 2 or weight is None or weight.const_value is None:
+        return float(_INT32_MAX)
+    x, w = types[0], types[-1]
+    reduction = max(weight.const_value.size // max(channels, 1), 1)
+    per_product = (x.storage_max - x.storage_min) * max(abs(w.storage_min), abs(w.storage_max))
+    return float(max(_INT32_MAX - reduction * per_product, _INT32_MAX // 2))
 
 
 def _scales(t: UniformType) -> np.ndarray:
@@ -106,7 +120,7 @@ def propagate(model: ir.Model) -> list[Propagated]:
         data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
         if data is not None:
             scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
-            needed = np.abs(data) / _INT32_MAX
+            needed = np.abs(data) / _bias_limit(types, by_name.get(r.sources[-1]), data.size)
             tight = scale < needed
             if tight.any():
                 weight_name = r.sources[-1]
@@ -117,7 +131,11 @@ def propagate(model: ir.Model) -> list[Propagated]:
                 set_quant_type(weight, adjusted)
                 scale = scale * factor
                 notes.append(
-                    Propagated(weight_name, str(adjusted), f"weight scale raised so bias '{value.name}' fits int32")
+                    Propagated(
+                        weight_name,
+                        str(adjusted),
+                        f"weight scale raised so bias '{value.name}' fits int32 with room for the accumulation",
+                    )
                 )
         expressed = element_name(value.dtype) or "f32"
         if expressed == "f32":  # the model stores f32 scales; the bias is quantized with exactly those

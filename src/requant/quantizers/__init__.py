@@ -20,6 +20,7 @@ from requant.ir.requests import (
 )
 from requant.quantizers.config import (
     A16W8,
+    DEFAULT_PRESET,
     INT4_BLOCKWISE_WEIGHTS,
     INT8_PER_CHANNEL_WEIGHTS,
     INT8_PER_TENSOR,
@@ -48,6 +49,7 @@ from requant.quantizers.shared import SharedSpecQuantizer
 
 __all__ = [
     "A16W8",
+    "DEFAULT_PRESET",
     "DTYPES",
     "FLOAT",
     "GRANULARITIES",

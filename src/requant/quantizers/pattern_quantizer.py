@@ -23,7 +23,7 @@ from requant.quantizers.config import DerivedBias, QuantizationConfig
 from requant.quantizers.finders import NodeFinder
 from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.records import NodeDecision, QuantizerRecord
-from requant.targets.table import Match, Reject
+from requant.targets.table import Match, Reject, SupportTable
 
 __all__ = ["ANNOTATED_KEY", "PatternQuantizer", "QuantizeState"]
 
@@ -58,8 +58,13 @@ def _weight_request(node: ir.Node, spec: Request) -> Request:
     return spec
 
 
-def port_requests(match: Match, config: QuantizationConfig) -> tuple[dict[ir.Value, Request], list[ir.Value]]:
-    """The requests the config puts on the match's ports, and its output ports."""
+def port_requests(
+    match: Match, config: QuantizationConfig, table: SupportTable | None = None, notes: list[str] | None = None
+) -> tuple[dict[ir.Value, Request], list[ir.Value]]:
+    """The requests the config puts on the match's ports, and its output ports.
+
+    ``table``'s weight rule may adjust a weight's spec for its node; its notes go to ``notes``.
+    """
     inside = {id(o) for n in match.nodes for o in n.outputs}
     requests: dict[ir.Value, Request] = {}
     activations: list[ir.Value] = []
@@ -74,7 +79,12 @@ def port_requests(match: Match, config: QuantizationConfig) -> tuple[dict[ir.Val
             if value is None or id(value) in inside:
                 continue
             if i == weight_index and weight_is_const and config.weight is not None:
-                requests[value] = _weight_request(node, config.weight)
+                wanted = _weight_request(node, config.weight)
+                if table is not None and table.weight_rule is not None and isinstance(wanted, QuantizationSpec):
+                    wanted, note = table.weight_rule(node, wanted)
+                    if note and notes is not None:
+                        notes.append(note)
+                requests[value] = wanted
             elif i == bias_index and weight_value is not None:
                 if isinstance(config.bias, DerivedBias):
                     source = node.inputs[0]
@@ -125,8 +135,9 @@ class PatternQuantizer:
             if isinstance(verdict, Reject):
                 record.decisions.append(NodeDecision(names, match.pattern.name, "rejected", str(verdict)))
                 continue
-            requests, outputs = port_requests(match, self.config)
-            decision = NodeDecision(names, match.pattern.name, "accepted")
+            notes: list[str] = []
+            requests, outputs = port_requests(match, self.config, self.pattern_matcher.table, notes)
+            decision = NodeDecision(names, match.pattern.name, "accepted", "; ".join(notes))
             for value, wanted in requests.items():
                 existing = request(value)
                 if existing is None:

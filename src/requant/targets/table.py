@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import onnx_ir as ir
 
 if TYPE_CHECKING:
+    from requant.ir.requests import QuantizationSpec
     from requant.quantizers.config import QuantizationConfig
 
-__all__ = ["Accept", "Check", "Match", "Pattern", "Reject", "SupportTable", "Verdict"]
+__all__ = ["Accept", "Check", "Match", "Pattern", "Reject", "SupportTable", "Verdict", "WeightRule"]
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,20 @@ class Pattern:
         return "->".join(self.ops)
 
 
+WeightRule: TypeAlias = "Callable[[ir.Node, QuantizationSpec], tuple[QuantizationSpec, str]]"
+
+
 @dataclass(frozen=True)
 class SupportTable:
-    """A target's patterns, longest first (the matcher tries them in this order)."""
+    """A target's patterns, longest first (the matcher tries them in this order).
+
+    ``weight_rule``: the target's adjustment of a weight's spec for one node, with the note the
+    report shows (``""`` when it changed nothing).
+    """
 
     name: str
     patterns: tuple[Pattern, ...]
+    weight_rule: WeightRule | None = None
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))
