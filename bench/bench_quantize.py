@@ -4,7 +4,10 @@ For each model: the float ONNX (exported once), calibration and evaluation sampl
 then each tool and method in a fresh process (its wall time and peak memory, ``VmHWM``), then
 quality against the float model, int8/fp32 latency (batch 1, 2 threads) and output size.
 ONNX Runtime gets its recommended flow: ``quant_pre_process`` then ``quantize_static`` (QDQ,
-per-channel weights, uint8 activations, int8 weights), with MinMax, Entropy and Percentile.
+per-channel weights, uint8 activations, int8 weights), with MinMax, Entropy and Percentile,
+on the exported model; and MinMax again on the model with batch norm folded into the convs
+(requant's ``canonicalize``: ONNX Runtime's pre-processing does not fold the exporter's batch
+norms, so on the exported model it leaves every conv in float: "/folded" is the like-for-like run).
 
     .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm]
                                              [--calib 200] [--eval 100]
@@ -151,8 +154,8 @@ if tool == "requant":
     sys.path.insert(0, sys.argv[6])
     import requant.api
     from requant.quantizers import PRESETS, Quantizer
-    method, _, preset = method.partition("+")  # "mse+reduced": a method and a preset
-    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS"}.get(preset, preset)
+    method, _, preset = method.partition("+")  # "mse+full": a method and a preset
+    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS", "full": "INT8_PER_CHANNEL_WEIGHTS"}.get(preset, preset)
     quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
     requant.api.quantize(model, samples, method=method, quantizer=quantizer, output=out,
                          progress=lambda done, elapsed: None, measure=False)
@@ -162,6 +165,7 @@ else:
     class Reader(CalibrationDataReader):
         def __init__(self): self.it = iter(samples)
         def get_next(self): return next(self.it, None)
+    method = method.partition("/")[0]  # "MinMax/folded": the parent passes the folded model
     pre = out + ".pre.onnx"
     try:  # ORT's symbolic shape inference crashes on Constant(value_ints), which exporters write
         quant_pre_process(model, pre, skip_symbolic_shape=True)
@@ -237,6 +241,9 @@ def main() -> None:
 
     import onnxruntime
 
+    from requant.frontends import load_onnx, save_onnx
+    from requant.passes import get_passes, run_passes
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="digits,mobilenet_v2,efficientnet_lite0,minilm")
     parser.add_argument("--calib", type=int, default=200)
@@ -254,11 +261,15 @@ def main() -> None:
             reference = outputs(path, evaluation)
             base_latency = latency_ms(path, evaluation[0])
             rows = []
-            runs = [("requant", m) for m in ("minmax", "percentile", "mse", "minmax+reduced", "mse+reduced")]
-            runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile")]
+            folded, _ = run_passes(load_onnx(path), get_passes("canonicalize"))
+            folded_path = folder / f"{name}.folded.onnx"
+            save_onnx(folded, folded_path)
+            runs = [("requant", m) for m in ("minmax", "percentile", "mse", "minmax+full", "mse+full")]
+            runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile", "MinMax/folded")]
             for tool, method in runs:
-                out = folder / f"{name}.{tool}.{method}.onnx"
-                measured = run_tool(tool, method, path, data, out)
+                out = folder / f"{name}.{tool}.{method.replace('/', '_')}.onnx"
+                source = folded_path if method.endswith("/folded") else path
+                measured = run_tool(tool, method, source, data, out)
                 row: dict[str, Any] = {"tool": tool, "method": method, **measured}
                 if "error" not in measured:
                     row.update(quality(name, reference, outputs(out, evaluation), labels))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from requant.errors import RequantError
 from requant.ir.requests import NoQuant, QuantizationSpec
@@ -31,6 +32,7 @@ from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.pattern_quantizer import PatternQuantizer, QuantizeState
 from requant.quantizers.records import QuantizerRecord, QuantizerReport
 from requant.quantizers.shared import SharedSpecQuantizer
+from requant.targets.decompose import DECOMPOSE_KEY
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
 
@@ -151,10 +153,51 @@ class Quantizer:
         ordered.append(self._shared)
         return ordered
 
+    def decompose(self, model: ir.Model) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """The first run: rewrite the nodes a non-float config selects that the target must decompose.
+
+        Each node's config is the one the first quantizer (in application order) that selects it
+        would give. Returns what was decomposed and what could not be, each with its reason.
+        """
+        rules = {d.op_type: d for d in self.table.decompositions}
+        if not rules:
+            return [], []
+        candidates = [n for n in model.graph if n.op_type in rules and n.domain in ("", "ai.onnx")]
+        if not candidates:
+            return [], []
+        selections = [
+            (set(q.node_finder.find(model)), q.config) for q in self.order() if isinstance(q, PatternQuantizer)
+        ]
+        done, kept = [], []
+        for node in candidates:
+            config = next((c for selected, c in selections if node in selected), None)
+            if config is None or config.name == FLOAT.name:
+                continue
+            rule = rules[node.op_type]
+            label = f"{node.op_type} '{node.name or node.op_type}'"
+            reason = rule.check(node)
+            if reason is not None:
+                kept.append({"node": label, "reason": f"not decomposed into {rule.into}: {reason}"})
+                continue
+            node.metadata_props[DECOMPOSE_KEY] = str(rule)
+            new = rule.rewrite(node)
+            names = ", ".join(f"{n.op_type} '{n.name}'" for n in new)
+            done.append({"node": label, "into": names, "why": f"{self.table}: {rule.why}"})
+        if done:  # the replaced constants (a divisor, batch norm statistics), unless something else reads them
+            RemoveUnusedNodesPass()(model)
+        for entry in done:
+            log.info("decomposed %s into %s (%s)", entry["node"], entry["into"], entry["why"])
+        return done, kept
+
     def quantize(self, model: ir.Model, strict: bool = False) -> QuantizerReport:
-        """Annotate ``model`` with requests; returns the report (also logged: INFO summary, DEBUG details)."""
+        """Annotate ``model`` with requests; returns the report (also logged: INFO summary, DEBUG details).
+
+        Ops the target must decompose first (its ``decompositions``) are rewritten by a first run
+        (:meth:`decompose`); the quantizers then annotate the result.
+        """
+        decomposed, not_decomposed = self.decompose(model)
         state = QuantizeState()
-        report = QuantizerReport()
+        report = QuantizerReport(decomposed=decomposed, not_decomposed=not_decomposed)
         for quantizer in self.order():
             record = quantizer.annotate(model, state)
             report.records.append(record)

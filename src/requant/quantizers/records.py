@@ -59,9 +59,13 @@ class QuantizerReport:
     records: list[QuantizerRecord] = field(default_factory=list)
     unannotated: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    decomposed: list[dict[str, str]] = field(default_factory=list)
+    not_decomposed: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "decomposed": self.decomposed,
+            "not_decomposed": self.not_decomposed,
             "quantizers": [r.to_json() for r in self.records],
             "unannotated_nodes": self.unannotated,
             "warnings": self.warnings,
@@ -71,6 +75,12 @@ class QuantizerReport:
         """The INFO-level text: one block per quantizer, then the nodes nobody annotated."""
         rule = "-" * 100
         lines = [rule, "QUANTIZATION REPORT".center(100), rule]
+        for d in self.decomposed:
+            lines.append(f"Decomposed {d['node']} into {d['into']} ({d['why']})")
+        for d in self.not_decomposed:
+            lines.append(f"Kept {d['node']}: {d['reason']}")
+        if self.decomposed or self.not_decomposed:
+            lines.append(rule)
         for r in self.records:
             lines.append(f"{r.kind} using {r.finder}")
             lines.append(f"Annotating with {r.config}")

@@ -83,6 +83,13 @@ def _quantizers(quantizers: Mapping[str, Any]) -> list[str]:
         for q in quantizers["quantizers"]
     ]
     lines += _table(("quantizer", "finder", "config", "selected", "accepted", "rejected", "already annotated"), rows)
+    decomposed = quantizers.get("decomposed", [])
+    kept = quantizers.get("not_decomposed", [])
+    if decomposed or kept:
+        lines += ["### Decomposed before annotating", ""]
+        lines += [f"- {d['node']} -> {d['into']}: {d['why']}" for d in decomposed]
+        lines += [f"- {d['node']} kept: {d['reason']}" for d in kept]
+        lines.append("")
     for warning in quantizers.get("warnings", []):
         lines += [f"> **Warning:** {warning}", ""]
     rejected = [

@@ -15,6 +15,7 @@ import onnx_ir as ir
 if TYPE_CHECKING:
     from requant.ir.requests import QuantizationSpec
     from requant.quantizers.config import QuantizationConfig
+    from requant.targets.decompose import Decomposition
 
 __all__ = ["Accept", "Check", "Match", "Pattern", "Reject", "SupportTable", "Verdict", "WeightRule"]
 
@@ -85,12 +86,14 @@ class SupportTable:
     """A target's patterns, longest first (the matcher tries them in this order).
 
     ``weight_rule``: the target's adjustment of a weight's spec for one node, with the note the
-    report shows (``""`` when it changed nothing).
+    report shows (``""`` when it changed nothing). ``decompositions``: ops the target has no int8
+    kernel for, rewritten into ops it has before the quantizers annotate (by op type).
     """
 
     name: str
     patterns: tuple[Pattern, ...]
     weight_rule: WeightRule | None = None
+    decompositions: tuple[Decomposition, ...] = ()
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))

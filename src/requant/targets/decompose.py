@@ -1,0 +1,125 @@
+"""Decompositions: ops a target has no int8 kernel for, rewritten into ops it has, so they can be quantized.
+
+A target lists the decompositions it wants (``SupportTable.decompositions``). The composite
+quantizer's first run finds the nodes a non-float config selects that a decomposition applies
+to and marks them; the decomposition runs; the second run annotates the result. A node a
+decomposition cannot take (``check`` gives the reason) stays as it is, and the report says why.
+
+Each rewrite keeps the original output name, the node's name on the first new node, and the
+node's metadata (module path and class) on every new node, so selections by name or module
+still apply after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from requant.ir.annotations import replace_value
+from requant.ir.queries import constant
+from requant.passes._rewrite import adopt_name, new_initializer
+
+__all__ = ["BATCHNORM_TO_MUL_ADD", "DECOMPOSE_KEY", "DIV_TO_MUL", "SUB_TO_ADD", "Decomposition"]
+
+DECOMPOSE_KEY = "requant.decompose"
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """How to rewrite one op type; ``check`` returns why a node cannot be rewritten, or None."""
+
+    op_type: str
+    into: str
+    why: str
+    check: Callable[[ir.Node], str | None]
+    rewrite: Callable[[ir.Node], list[ir.Node]]
+
+    def __str__(self) -> str:
+        return f"{self.op_type} -> {self.into}"
+
+
+def _replace(node: ir.Node, new_nodes: list[ir.Node]) -> list[ir.Node]:
+    """Put ``new_nodes`` (a chain; the last one's output replaces ``node``'s) where ``node`` was."""
+    graph = node.graph
+    assert isinstance(graph, ir.Graph)
+    old, new = node.outputs[0], new_nodes[-1].outputs[0]
+    new.shape, new.type = old.shape, old.type
+    for i, n in enumerate(new_nodes):
+        n.name = node.name if i == 0 else f"{node.name or node.op_type}_{n.op_type.lower()}"
+        n.metadata_props.update({k: v for k, v in node.metadata_props.items() if k != DECOMPOSE_KEY})
+    adopt_name(old, new)
+    graph.insert_after(node, new_nodes)
+    replace_value(old, new)
+    graph.remove(node, safe=True)
+    return new_nodes
+
+
+def _second_input_constant(node: ir.Node) -> str | None:
+    if len(node.inputs) != 2 or constant(node.inputs[1]) is None:
+        return f"its second input is not a constant: {node.op_type} of two activations has no int8 kernel"
+    return None
+
+
+def _with_constant(node: ir.Node, op_type: str, suffix: str, fn: Callable[[np.ndarray], np.ndarray]) -> list[ir.Node]:
+    """``node(x, c)`` becomes ``op_type(x, fn(c))``, with ``fn(c)`` a new initializer."""
+    graph, value = node.graph, node.inputs[1]
+    data = constant(value)
+    assert isinstance(graph, ir.Graph) and value is not None and data is not None
+    replaced = new_initializer(graph, f"{value.name}_{suffix}", fn(np.asarray(data, np.float64)).astype(data.dtype))
+    return _replace(node, [ir.Node("", op_type, inputs=[node.inputs[0], replaced], num_outputs=1)])
+
+
+def _div_to_mul(node: ir.Node) -> list[ir.Node]:
+    return _with_constant(node, "Mul", "reciprocal", lambda c: 1 / c)
+
+
+def _sub_to_add(node: ir.Node) -> list[ir.Node]:
+    return _with_constant(node, "Add", "negated", lambda c: -c)
+
+
+def _batchnorm_check(node: ir.Node) -> str | None:
+    training = node.attributes.get("training_mode")
+    if training is not None and training.as_int():
+        return "it is in training mode"
+    if any(constant(v) is None for v in node.inputs[1:5]):
+        return "its scale, bias, mean or variance is not a constant"
+    x = node.inputs[0]
+    if x is None or x.shape is None or len(x.shape) < 2:
+        return "the rank of its input is unknown"
+    return None
+
+
+def _batchnorm_to_mul_add(node: ir.Node) -> list[ir.Node]:
+    graph = node.graph
+    assert isinstance(graph, ir.Graph)
+    gamma, beta, mean, var = (np.asarray(constant(v), np.float64).reshape(-1) for v in node.inputs[1:5])
+    epsilon = node.attributes.get("epsilon")
+    scale = gamma / np.sqrt(var + (epsilon.as_float() if epsilon is not None else 1e-5))
+    shift = beta - mean * scale
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    shape = (-1,) + (1,) * (len(x.shape) - 2)  # broadcast over the channel axis (1)
+    dtype = np.dtype(x.dtype.numpy()) if x.dtype is not None else np.dtype(np.float32)
+    name = node.outputs[0].name or "bn"
+    s = new_initializer(graph, f"{name}_scale", scale.reshape(shape).astype(dtype))
+    t = new_initializer(graph, f"{name}_shift", shift.reshape(shape).astype(dtype))
+    mul = ir.Node("", "Mul", inputs=[x, s], num_outputs=1)
+    add = ir.Node("", "Add", inputs=[mul.outputs[0], t], num_outputs=1)
+    return _replace(node, [mul, add])
+
+
+DIV_TO_MUL = Decomposition(
+    "Div", "Mul", "no int8 Div kernel; dividing by a constant is multiplying by its reciprocal",
+    _second_input_constant, _div_to_mul,
+)  # fmt: skip
+SUB_TO_ADD = Decomposition(
+    "Sub", "Add", "no int8 Sub kernel; subtracting a constant is adding its negation",
+    _second_input_constant, _sub_to_add,
+)  # fmt: skip
+BATCHNORM_TO_MUL_ADD = Decomposition(
+    "BatchNormalization", "Mul -> Add", "no int8 batch norm kernel; at inference it is a per-channel Mul and Add",
+    _batchnorm_check, _batchnorm_to_mul_add,
+)  # fmt: skip
