@@ -251,3 +251,36 @@ def test_reduced_range_weights_keep_the_digits_accuracy() -> None:
     # on a CPU without VNNI, where full-range uint8 x int8 products saturate in int16
     assert ev["top1_agreement"] > 0.99 and ev["int8_accuracy"] >= ev["float_accuracy"] - 0.005
     assert result.report["lint"]["int8_kernels"] == {"QLinearConv": 2, "QGemm": 1}
+
+
+def test_an_embedding_table_is_stored_int8_and_gathered_int8() -> None:
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((1000, 16)).astype(np.float32)
+    weight = rng.standard_normal((16, 4)).astype(np.float32)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (int64[N, S] ids) => (float[N, S, 4] y) {'
+        " rows = Gather(table, ids) y = MatMul(rows, w) }"
+    )
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(table, "table"), onnx.numpy_helper.from_array(weight, "w")])
+    ids = np.arange(1000)[None]  # every row, in samples of different sequence lengths
+    calib = [{"ids": ids[:, :400]}, {"ids": ids[:, 400:700]}, {"ids": ids[:, 700:]}]
+    result = requant.api.quantize(proto, calib, measure=False)
+    model = ir.to_proto(result.model)
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert stored["table_quantized"].dtype == np.uint8 and stored["table_quantized"].shape == (1000, 16)
+    lint = result.report["lint"]
+    assert lint["dequantized_constants"] == []  # ONNX Runtime gathers uint8 rows; nothing dequantizes the table
+    assert "Gather" in lint["optimized_graph_ops"] and sum(lint["int8_kernels"].values()) == 1
+    assert result.report["size_bytes"]["quantized"] < result.report["size_bytes"]["float"] / 3
+    ids = rng.integers(0, 1000, (2, 7))
+    y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    exact = table[ids] @ weight
+    # the table's rounding (half a step, times the sum of |w| over 16 inputs) plus the output's
+    table_step, y_step = float(stored["table_scale"]), float(stored["y_scale"])
+    assert np.abs(y - exact).max() <= table_step / 2 * np.abs(weight).sum(0).max() * 1.25 + y_step

@@ -8,7 +8,10 @@ It runs last, in graph order. An output that already carries a plain spec equal 
 parameters, no requantize. The edge cases are decided explicitly and reported:
 
 - an input that is float (no request, or ``NoQuant``): the op stays float;
-- a Gather whose data is a constant table (an embedding lookup): stays float, its table is a weight;
+- a Gather whose data is a constant table (an embedding lookup) and whose output a quantized op
+  reads: the table is stored quantized with the spec that op asked for (its parameters from the
+  table's own values), and the output shares them, so ONNX Runtime gathers int8 rows; when only
+  float ops read the output, the table stays float;
 - a Concat (or Max/Min) whose inputs ask for different parameters: the output shares the
   first input's; propagation requantizes the others.
 """
@@ -21,7 +24,7 @@ import onnx_ir as ir
 
 from requant.ir.annotations import request, set_request
 from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values
-from requant.ir.requests import NoQuant, Request, SharedSpec
+from requant.ir.requests import NoQuant, QuantizationSpec, Request, SharedSpec
 from requant.ir.traits import DATA_MOVEMENT, data_inputs
 from requant.quantizers.pattern_quantizer import QuantizeState
 from requant.quantizers.records import NodeDecision, QuantizerRecord
@@ -63,6 +66,9 @@ class SharedSpecQuantizer:
                 continue
             name = node.name or node.op_type
             sources = [node.inputs[i] for i in data_inputs(node)]
+            if node.op_type == "Gather" and constant(sources[0]) is not None:
+                record.decisions.append(self._embedding(node, sources[0], state))
+                continue
             reason = self._float_reason(node, sources)
             if reason:
                 record.decisions.append(NodeDecision([name], node.op_type, "rejected", reason))
@@ -84,14 +90,34 @@ class SharedSpecQuantizer:
             record.decisions.append(decision)
         return record
 
+    def _embedding(self, node: ir.Node, table: ir.Value | None, state: QuantizeState) -> NodeDecision:
+        """A Gather from a constant table: quantize the table as its output's reader asks, and share."""
+        assert table is not None and table.name
+        name, out = node.name or node.op_type, node.outputs[0]
+        wanted = request(out)
+        if not isinstance(wanted, QuantizationSpec) or wanted.granularity != "per_tensor":
+            reason = f"gathers from a constant table '{table.name}' (an embedding) whose rows are read as float"
+            return NodeDecision([name], node.op_type, "rejected", reason)
+        if request(table) is None:
+            set_request(table, wanted)
+        set_request(out, SharedSpec(table.name))
+        state.mark(node, self.describe())
+        note = "an embedding: the table is stored quantized with its reader's request, the rows share it"
+        return NodeDecision(
+            [name],
+            node.op_type,
+            "accepted",
+            note,
+            {table.name: str(request(table))},
+            {str(out.name): str(request(out))},
+        )
+
     @staticmethod
     def _float_reason(node: ir.Node, sources: list[ir.Value | None]) -> str:
         # a data-movement op always has data, and onnx-ir names every value of a graph
         assert sources and all(v is not None and v.name for v in sources), node
         for value in sources:
             assert value is not None
-            if node.op_type == "Gather" and constant(value) is not None:
-                return f"gathers from a constant table '{value.name}' (an embedding): the table is a weight"
             r = request(value)
             if r is None or isinstance(r, NoQuant):
                 return f"input '{value.name}' is float: the op stays between float values"
