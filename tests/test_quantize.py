@@ -267,7 +267,9 @@ def test_an_embedding_table_is_stored_int8_and_gathered_int8() -> None:
         '<ir_version: 10, opset_import: ["" : 21]> g (int64[N, S] ids) => (float[N, S, 4] y) {'
         " rows = Gather(table, ids) y = MatMul(rows, w) }"
     )
-    proto.graph.initializer.extend([onnx.numpy_helper.from_array(table, "table"), onnx.numpy_helper.from_array(weight, "w")])
+    proto.graph.initializer.extend(
+        [onnx.numpy_helper.from_array(table, "table"), onnx.numpy_helper.from_array(weight, "w")]
+    )
     ids = np.arange(1000)[None]  # every row, in samples of different sequence lengths
     calib = [{"ids": ids[:, :400]}, {"ids": ids[:, 400:700]}, {"ids": ids[:, 700:]}]
     result = requant.api.quantize(proto, calib, measure=False)
@@ -284,3 +286,25 @@ def test_an_embedding_table_is_stored_int8_and_gathered_int8() -> None:
     # the table's rounding (half a step, times the sum of |w| over 16 inputs) plus the output's
     table_step, y_step = float(stored["table_scale"]), float(stored["y_scale"])
     assert np.abs(y - exact).max() <= table_step / 2 * np.abs(weight).sum(0).max() * 1.25 + y_step
+
+
+def test_lint_names_nodes_asked_to_be_quantized_that_run_in_float(tmp_path: Path) -> None:
+    from requant.quantizers import A16W8, Quantizer
+
+    # ONNX Runtime 1.31 has no 16-bit QLinearConv/QGemm on CPU: it drops the Q/DQ pairs and runs
+    # every kernel in float. Without the join with the quantizers' decisions, lint saw nothing wrong.
+    out = tmp_path / "a16w8.onnx"
+    result = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", quantizer=Quantizer().set_global(A16W8), output=out
+    )
+    assert result.report["lint"]["int8_kernels"] == {}
+    assert result.report["lint"]["asked_to_be_quantized_but_float"] == [
+        "Conv 'node_conv2d' (runs as FusedConv)",
+        "Conv 'node_conv2d_1' (runs as FusedConv)",
+        "Gemm 'node_linear' (runs as Gemm)",
+    ]
+    lint = subprocess.run(
+        [sys.executable, "-m", "requant", "lint", str(out), "--strict"], capture_output=True, text=True, timeout=120
+    )
+    assert lint.returncode == 3
+    assert "asked to be quantized, but ONNX Runtime runs them in float: Conv 'node_conv2d'" in lint.stdout

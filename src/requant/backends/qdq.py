@@ -227,8 +227,11 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
     current = model.opset_imports.get("", 0)
     if current < needed:
         log.info("raising the opset from %d to %d for the quantized types (ONNX's version converter)", current, needed)
+        kept = {n.name: dict(n.metadata_props) for n in graph if n.name and n.metadata_props}
         proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), needed)
         model = ir.serde.deserialize_model(proto)
+        for node in model.graph:  # the converter drops node metadata (module paths, decisions): put it back
+            node.metadata_props.update(kept.get(node.name or "", {}))
         load_annotations(model)
         return materialize_qdq(model)
     _strip_debug_metadata(model)

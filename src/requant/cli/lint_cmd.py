@@ -28,7 +28,11 @@ def register(commands: Any) -> None:
     )
     sub.add_argument("input", metavar="MODEL", help="a quantized ONNX model (.onnx, or ONNX text .onnxtxt)")
     sub.add_argument("--json", action="store_true", help="print the findings as JSON")
-    sub.add_argument("--strict", action="store_true", help="exit 3 when a node stayed float or a pair was left")
+    sub.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 when a node stayed float (or was asked to be quantized and runs in float) or a pair was left",
+    )
     sub.set_defaults(run=run)
 
 
@@ -40,4 +44,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(result.text() + "\n")
-    return 3 if args.strict and (result.float_between_qdq or result.qdq_pairs) else 0
+    return 3 if args.strict and not result.clean else 0

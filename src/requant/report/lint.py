@@ -3,8 +3,10 @@
 The model is loaded in ONNX Runtime with its optimized graph saved; that graph says which
 kernels became int8 kernels and which stayed float between a DequantizeLinear and a
 QuantizeLinear (the "quantized model is slower than float" complaint), which QuantizeLinear ->
-DequantizeLinear pairs were left with nothing fused between them, and which constants are
-dequantized at run time instead of being consumed by an int8 kernel.
+DequantizeLinear pairs were left with nothing fused between them, which constants are
+dequantized at run time instead of being consumed by an int8 kernel, and, for a model requant
+wrote, which nodes a quantizer accepted (``requant.annotated_by`` on the node, a config that is
+not FLOAT) that ONNX Runtime still runs as a float op.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ class LintResult:
     float_between_qdq: list[str] = field(default_factory=list)
     qdq_pairs: list[str] = field(default_factory=list)
     dequantized_constants: list[str] = field(default_factory=list)
+    asked_but_float: list[str] = field(default_factory=list)
     op_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing stayed float that should not have, and no pair was left."""
+        return not (self.float_between_qdq or self.qdq_pairs or self.asked_but_float)
 
     @property
     def fused(self) -> int:
@@ -54,6 +62,7 @@ class LintResult:
             "float_between_dequantize_and_quantize": self.float_between_qdq,
             "leftover_quantize_dequantize_pairs": self.qdq_pairs,
             "dequantized_constants": self.dequantized_constants,
+            "asked_to_be_quantized_but_float": self.asked_but_float,
             "optimized_graph_ops": self.op_counts,
         }
 
@@ -66,14 +75,25 @@ class LintResult:
             )
         if self.qdq_pairs:
             lines.append(f"QuantizeLinear -> DequantizeLinear with nothing fused: {len(self.qdq_pairs)}")
+        if self.asked_but_float:
+            lines.append(
+                f"asked to be quantized, but ONNX Runtime runs them in float: {', '.join(self.asked_but_float)}"
+            )
         if self.dequantized_constants:
             lines.append(f"constants dequantized at run time: {len(self.dequantized_constants)}")
         return "\n".join(lines)
 
 
+def _asked(node: onnx.NodeProto) -> bool:
+    """Did a requant quantizer accept this node for a quantized config (not FLOAT, not shared)?"""
+    by = next((p.value for p in node.metadata_props if p.key == "requant.annotated_by"), "")
+    return by.startswith("PatternQuantizer(") and not by.endswith(", FLOAT)")
+
+
 def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     """Load ``model`` in ONNX Runtime (CPU, extended optimizations) and read its optimized graph."""
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
+    asked = {node.name: node.op_type for node in proto.graph.node if _asked(node)}
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -103,6 +123,8 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             result.qdq_pairs.append(label)
         if node.op_type in _QDQ or node.op_type in INT8_KERNELS:
             continue
+        if node.name in asked:  # ONNX Runtime keeps the names of the nodes it did not fuse
+            result.asked_but_float.append(f"{asked[node.name]} '{node.name}' (runs as {node.op_type})")
         fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input)
         feeds = any(c.op_type == "QuantizeLinear" for o in node.output for c in consumers.get(o, []))
         if fed and feeds:

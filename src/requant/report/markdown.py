@@ -58,6 +58,7 @@ def _lint(lint: Mapping[str, Any]) -> list[str]:
         ("float_between_dequantize_and_quantize", "Ops that stayed float between DequantizeLinear and QuantizeLinear"),
         ("leftover_quantize_dequantize_pairs", "QuantizeLinear -> DequantizeLinear pairs with nothing fused"),
         ("dequantized_constants", "Constants dequantized at run time"),
+        ("asked_to_be_quantized_but_float", "Nodes asked to be quantized that ONNX Runtime runs in float"),
     ):
         items = lint.get(key) or []
         lines.append(f"{title}: {len(items)}.")
