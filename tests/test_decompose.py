@@ -98,3 +98,26 @@ def test_decomposed_ops_become_int8_kernels() -> None:
     y_scale = float(scales["Y_scale"])
     # five requantizations (c, d, the Mul, the Add+Relu, Y) of at most half a step each, carried through
     assert np.abs(int8_y - float_y).max() <= 8 * y_scale
+
+
+BATCHNORMS = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[N,2,4,4] X, float[2] mean) => (float[N,2,4,4] A, float[N,2,4,4] B) {
+    g1 = Constant <value = float[2] {1.5, 0.5}> ()
+    b1 = Constant <value = float[2] {0.1, -0.2}> ()
+    m1 = Constant <value = float[2] {0.0, 0.3}> ()
+    v1 = Constant <value = float[2] {1.0, 4.0}> ()
+    A = BatchNormalization(X, g1, b1, mean, v1)
+    B, rm, rv = BatchNormalization <training_mode = 1> (X, g1, b1, m1, v1)
+}
+"""
+
+
+def test_every_reason_a_batch_norm_is_kept() -> None:
+    model, _ = run_passes(load_onnx_text(BATCHNORMS), get_passes("canonicalize"))
+    done, kept = Quantizer().set_global(PRESETS[DEFAULT_PRESET]).decompose(model)
+    assert done == []
+    assert [k["reason"] for k in kept] == [
+        "not decomposed into Mul -> Add: its scale, bias, mean or variance is not a constant",
+        "not decomposed into Mul -> Add: it is in training mode",
+    ]
