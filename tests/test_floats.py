@@ -101,3 +101,15 @@ def test_format_float_reads_back(x: float) -> None:
     hex_bits = text.startswith("0x")  # then the text is the bits of the double
     back = struct.unpack("<d", struct.pack("<Q", int(text, 16)))[0] if hex_bits else float(text)
     assert back == x
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, width=64))
+def test_reading_a_double_back_needs_no_fractions(value: float) -> None:
+    """format_float's fast check for doubles (Python's correctly rounded ``float``) is the exact one."""
+    from requant.types.floats import F64, _same, _to_string
+
+    if value == 0:
+        return
+    num, den = abs(value).as_integer_ratio()
+    text = _to_string(value < 0, num, -(den.bit_length() - 1), 53, 6, 0, False)
+    assert (float(text) == value) == _same(round_to_format(Fraction(text), F64), value)

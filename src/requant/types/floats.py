@@ -262,7 +262,11 @@ def format_float(value: float, fmt: FloatFormat = F64, in_range: tuple[float, fl
             return in_range is None or in_range[0] <= float(text) <= in_range[1]
 
         text = _to_string(negative, num, exp, fmt.precision, 6, 0, False)
-        if _same(round_to_format(Fraction(text), fmt), value) and readable(text):
+        # Python's float() parses correctly rounded (to nearest, ties to even): for doubles it is
+        # round_to_format without the Fractions, which cost ~40 us a value (a per-channel type
+        # prints hundreds of them).
+        reads_back = float(text) == value if fmt.name == "f64" else _same(round_to_format(Fraction(text), fmt), value)
+        if reads_back and readable(text):
             return text
         text = _to_string(negative, num, exp, fmt.precision, 0, 3, True)
         if "." in text and readable(text):

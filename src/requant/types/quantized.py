@@ -245,10 +245,11 @@ class UniformQuantizedType(_UniformBase):
 class UniformQuantizedPerAxisType(_UniformBase):
     """Per-axis quantization: ``!quant.uniform<i8:f32:1, {2.000000e+00,3.000000e+00:5}>``."""
 
-    __slots__ = ("axis", "scales", "zero_points")
+    __slots__ = ("_text", "axis", "scales", "zero_points")
     axis: int
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
+    _text: str
 
     def __init__(
         self,
@@ -289,10 +290,16 @@ class UniformQuantizedPerAxisType(_UniformBase):
         )
 
     def __str__(self) -> str:
+        try:  # printed more than once (annotation text, report): each scale costs a few microseconds
+            return self._text
+        except AttributeError:
+            pass
         params = ",".join(
             format_float(s) + (f":{z}" if z else "") for s, z in zip(self.scales, self.zero_points, strict=True)
         )
-        return f"!quant.uniform<{self._storage_text()}:{self.expressed}:{self.axis}, {{{params}}}>"
+        text = f"!quant.uniform<{self._storage_text()}:{self.expressed}:{self.axis}, {{{params}}}>"
+        object.__setattr__(self, "_text", text)
+        return text
 
 
 class UniformQuantizedSubChannelType(_UniformBase):
