@@ -29,7 +29,6 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.annotations import (
-    PROP_KEY,
     iter_values,
     load_annotations,
     quant_type,
@@ -37,7 +36,7 @@ from requant.ir.annotations import (
     set_quant_type,
     set_request,
 )
-from requant.ir.queries import graph_values, is_op
+from requant.ir.queries import fresh_name, graph_values, is_op
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -114,14 +113,10 @@ class _Builder:
     def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
         self.cache: dict[str, _Params] = {}
-        self.taken = {str(v.name) for v in graph_values(graph) if v.name}
+        self.taken: set[str | None] = {v.name for v in graph_values(graph)}
 
     def name(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.taken:
-            name, i = f"{base}_{i}", i + 1
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
     def initializer(self, base: str, array: npt.NDArray[Any], dtype: ir.DataType | None = None) -> ir.Value:
         name = self.name(base)
@@ -155,12 +150,10 @@ def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) 
     name = str(value.name)
     stored = qcast(value.const_value.numpy(), t)
     quantized = builder.initializer(f"{name}_quantized", stored, STORAGE_DTYPES[t.storage])
-    set_quant_type(quantized, t)
-    if not isinstance(t, UniformQuantizedType):
-        # A per-channel type's text repeats every scale in decimal: ~1 MB of EfficientNet-Lite0's
-        # 6.1 MB. The scale and zero-point initializers beside it hold the same numbers, so the saved
-        # model keeps only per-tensor type text; in memory (value.meta) the type stays.
-        quantized.metadata_props.pop(PROP_KEY, None)
+    # A per-channel type's text repeats every scale in decimal: ~1 MB of EfficientNet-Lite0's
+    # 6.1 MB. The scale and zero-point initializers beside it hold the same numbers, so the saved
+    # model keeps only per-tensor type text; in memory (value.meta) the type stays.
+    set_quant_type(quantized, t, text=isinstance(t, UniformQuantizedType))
     params = builder.params(t, name)
     dq = builder.node("DequantizeLinear", [quantized, params.scale, params.zero_point], params.attributes, f"{name}_dq")
     out = dq.outputs[0]

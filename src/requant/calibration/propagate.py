@@ -120,11 +120,13 @@ def propagate(model: ir.Model) -> list[Propagated]:
         data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
         if data is not None:
             scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
-            needed = np.abs(data) / _bias_limit(types, by_name.get(r.sources[-1]), data.size)
+            weight_name = r.sources[-1]
+            weight = sources[-1]
+            needed = np.abs(data) / _bias_limit(types, weight, data.size)
             tight = scale < needed
             if tight.any():
-                weight_name = r.sources[-1]
-                weight, wtype = by_name[weight_name], types[-1]
+                assert weight is not None  # it has a uniform type, so it was found
+                wtype = types[-1]
                 factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
                 new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
                 adjusted = _with_scales(wtype, new_scales)

@@ -119,23 +119,28 @@ def quant_type(value: ir.Value) -> QuantizedType | None:
     return t if isinstance(t, QuantizedType) else None
 
 
-def _store(value: ir.Value, meta_key: str, prop_key: str, annotation: object) -> None:
-    """Keep ``annotation`` in ``value.meta`` and its text in ``metadata_props``; None removes both."""
+def _store(value: ir.Value, meta_key: str, prop_key: str, annotation: object, text: bool = True) -> None:
+    """Keep ``annotation`` in ``value.meta`` and (with ``text``) its text in ``metadata_props``; None removes both."""
+    value.metadata_props.pop(prop_key, None)
     if annotation is None:
         value.meta.pop(meta_key, None)
-        value.metadata_props.pop(prop_key, None)
     else:
         value.meta[meta_key] = annotation
-        value.metadata_props[prop_key] = str(annotation)
+        if text:
+            value.metadata_props[prop_key] = str(annotation)
 
 
-def set_quant_type(value: ir.Value, t: QuantizedType | None) -> None:
-    """Annotate ``value`` with ``t`` (checked against it); None removes the annotation."""
+def set_quant_type(value: ir.Value, t: QuantizedType | None, text: bool = True) -> None:
+    """Annotate ``value`` with ``t`` (checked against it); None removes the annotation.
+
+    ``text=False`` keeps the type in memory only, without its text in ``metadata_props`` (so a
+    saved model does not carry it).
+    """
     if t is not None:
         if not isinstance(t, QuantizedType):
             raise TypeError(f"expected a quantized type from requant.types, got {type(t).__name__}")
         check_annotation(value, t)
-    _store(value, _META_KEY, PROP_KEY, t)
+    _store(value, _META_KEY, PROP_KEY, t, text)
 
 
 def request(value: ir.Value) -> Request | None:

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-__all__ = ["DEFAULT_DOMAINS", "constant", "graph_values", "is_op", "op_name"]
+__all__ = ["DEFAULT_DOMAINS", "constant", "fresh_name", "graph_values", "is_op", "op_name"]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -19,6 +19,15 @@ def is_op(node: ir.Node, op_type: str) -> bool:
 def op_name(node: ir.Node) -> str:
     """``Conv`` for a standard operator, ``com.microsoft.QGemm`` for others."""
     return node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
+def fresh_name(base: str, taken: set[str | None]) -> str:
+    """``base``, or ``base_1``, ``base_2``... the first not in ``taken``; it is added to ``taken``."""
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
 
 
 def graph_values(graph: ir.Graph) -> list[ir.Value]:

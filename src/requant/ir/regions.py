@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.annotations import replace_value, transfer_annotation
+from requant.ir.queries import fresh_name
 
 __all__ = ["KERNEL_DOMAIN", "Region", "RegionError", "form_region", "inline_regions", "regions"]
 
@@ -177,14 +178,6 @@ def regions(model: ir.Model) -> list[Region]:
     return found
 
 
-def _fresh(base: str, taken: set[str | None]) -> str:
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def inline_regions(model: ir.Model) -> int:
     """Replace every kernel call by a copy of its body (keeping port names and annotations); returns how many.
 
@@ -219,7 +212,7 @@ def inline_regions(model: ir.Model) -> int:
                 if port is not None:  # the value users know by the port's name
                     new.name, port.name = port.name, None
                 else:
-                    new.name = _fresh(old.name or "v", taken)
+                    new.name = fresh_name(old.name or "v", taken)
                 mapping[id(old)] = new
             copies.append(copy)
         graph.insert_before(call, copies)

@@ -9,7 +9,7 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.ir.annotations import replace_value
-from requant.ir.queries import DEFAULT_DOMAINS, constant, is_op
+from requant.ir.queries import DEFAULT_DOMAINS, constant, fresh_name, graph_values, is_op
 
 __all__ = ["DEFAULT_DOMAINS", "adopt_name", "all_nodes", "bypass", "constant", "is_op", "new_initializer"]
 
@@ -25,12 +25,7 @@ def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
 
 def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.generic]) -> ir.Value:
     """Register ``array`` as an initializer of ``graph`` under a name not used there yet."""
-    taken = (
-        set(graph.initializers) | {v.name for v in graph.inputs} | {o.name for n in graph for o in n.outputs if o.name}
-    )
-    name, i = base_name, 1
-    while name in taken:
-        name, i = f"{base_name}_{i}", i + 1
+    name = fresh_name(base_name, {v.name for v in graph_values(graph)})
     tensor = ir.Tensor(np.ascontiguousarray(array), name=name)
     value = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from requant.errors import RequantError
+from requant.ir.queries import DEFAULT_DOMAINS
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.quantizers.config import DerivedBias, QuantizationConfig
 from requant.quantizers.finders import (
@@ -32,7 +33,6 @@ from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.pattern_quantizer import PatternQuantizer, QuantizeState
 from requant.quantizers.records import QuantizerRecord, QuantizerReport
 from requant.quantizers.shared import SharedSpecQuantizer
-from requant.targets.decompose import DECOMPOSE_KEY
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
 
@@ -162,7 +162,7 @@ class Quantizer:
         rules = {d.op_type: d for d in self.table.decompositions}
         if not rules:
             return [], []
-        candidates = [n for n in model.graph if n.op_type in rules and n.domain in ("", "ai.onnx")]
+        candidates = [n for n in model.graph if n.op_type in rules and n.domain in DEFAULT_DOMAINS]
         if not candidates:
             return [], []
         selections = [
@@ -179,7 +179,6 @@ class Quantizer:
             if reason is not None:
                 kept.append({"node": label, "reason": f"not decomposed into {rule.into}: {reason}"})
                 continue
-            node.metadata_props[DECOMPOSE_KEY] = str(rule)
             new = rule.rewrite(node)
             names = ", ".join(f"{n.op_type} '{n.name}'" for n in new)
             done.append({"node": label, "into": names, "why": f"{self.table}: {rule.why}"})

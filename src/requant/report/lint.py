@@ -22,6 +22,7 @@ import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -86,7 +87,7 @@ class LintResult:
 
 def _asked(node: onnx.NodeProto) -> bool:
     """Did a requant quantizer accept this node for a quantized config (not FLOAT, not shared)?"""
-    by = next((p.value for p in node.metadata_props if p.key == "requant.annotated_by"), "")
+    by = next((p.value for p in node.metadata_props if p.key == ANNOTATED_KEY), "")
     return by.startswith("PatternQuantizer(") and not by.endswith(", FLOAT)")
 
 

@@ -2,7 +2,7 @@
 
 A target lists the decompositions it wants (``SupportTable.decompositions``). The composite
 quantizer's first run finds the nodes a non-float config selects that a decomposition applies
-to and marks them; the decomposition runs; the second run annotates the result. A node a
+to; the decomposition rewrites them; the second run annotates the result. A node a
 decomposition cannot take (``check`` gives the reason) stays as it is, and the report says why.
 
 Each rewrite keeps the original output name, the node's name on the first new node, and the
@@ -19,12 +19,10 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.ir.annotations import replace_value
-from requant.ir.queries import constant, graph_values
+from requant.ir.queries import constant, fresh_name, graph_values
 from requant.passes._rewrite import adopt_name, new_initializer
 
-__all__ = ["BATCHNORM_TO_MUL_ADD", "DECOMPOSE_KEY", "DIV_TO_MUL", "SUB_TO_ADD", "Decomposition"]
-
-DECOMPOSE_KEY = "requant.decompose"
+__all__ = ["BATCHNORM_TO_MUL_ADD", "DIV_TO_MUL", "SUB_TO_ADD", "Decomposition"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,6 @@ class Decomposition:
         return f"{self.op_type} -> {self.into}"
 
 
-def _free_name(graph: ir.Graph, base: str) -> str:
-    taken = {v.name for v in graph_values(graph)}
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    return name
-
-
 def _replace(node: ir.Node, new_nodes: list[ir.Node]) -> list[ir.Node]:
     """Put ``new_nodes`` (a chain; the last one's output replaces ``node``'s) where ``node`` was."""
     graph = node.graph
@@ -59,12 +49,10 @@ def _replace(node: ir.Node, new_nodes: list[ir.Node]) -> list[ir.Node]:
         n.name = node.name if i == 0 else f"{node.name or node.op_type}_{n.op_type.lower()}"
         if n is not new_nodes[-1]:  # an elementwise step inside the chain: the output's shape and type
             step = n.outputs[0]
-            step.name, step.shape, step.type = (
-                _free_name(graph, f"{old.name or 'value'}_{n.op_type.lower()}"),
-                old.shape,
-                old.type,
-            )
-        n.metadata_props.update({k: v for k, v in node.metadata_props.items() if k != DECOMPOSE_KEY})
+            base = f"{old.name or 'value'}_{n.op_type.lower()}"
+            step.name = fresh_name(base, {v.name for v in graph_values(graph)})
+            step.shape, step.type = old.shape, old.type
+        n.metadata_props.update(node.metadata_props)
     adopt_name(old, new)
     graph.insert_after(node, new_nodes)
     replace_value(old, new)
