@@ -45,6 +45,19 @@ def test_the_same_inputs_give_the_same_bytes(tmp_path: Path) -> None:
     assert digests[0] == digests[1]
 
 
+def test_an_in_memory_model_is_left_as_it_was() -> None:
+    import onnx_ir as ir
+
+    from requant.frontends import load_onnx
+
+    model = load_onnx(DIGITS / "digits_cnn.onnx")
+    before = ir.serde.serialize_model(model).SerializeToString()
+    first = requant.api.quantize(model, DIGITS / "calib.npz", measure=False)
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+    second = requant.api.quantize(model, DIGITS / "calib.npz", measure=False)  # it used to find int32 weights
+    assert ir.to_proto(first.model).SerializeToString() == ir.to_proto(second.model).SerializeToString()
+
+
 @pytest.mark.parametrize("method", ["percentile", "entropy", "mse", "moving_average_minmax"])
 def test_other_calibration_methods(method: str) -> None:
     result = requant.api.quantize(
@@ -164,6 +177,45 @@ def test_the_int32_accumulator_keeps_room_for_the_products_beside_the_bias() -> 
     (y,) = session.run(None, {"x": x})
     # one output step, plus the dead channel's weight rounding (its scale was raised): well under 0.1
     assert np.abs(y - (x @ weight + bias)).max() <= float(out["y_scale"]) + 0.05
+
+
+def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() -> None:
+    """The default preset's full 8-bit weights: ONNX Runtime's uint8 x uint8 GEMM has no int16 pair sums.
+
+    Every input at the top of its range and weights of +-1: each product is 255 x 127, so a pair of
+    them (64770) is far past int16. The kernel's output must equal float math on the dequantized
+    values to one output step.
+    """
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from requant.quantizers import DEFAULT_PRESET
+
+    assert DEFAULT_PRESET == "UINT8_PER_CHANNEL_WEIGHTS"
+    k = 64
+    weight = np.where(np.arange(k)[:, None] % 3 == np.arange(3), 1.0, -1.0).astype(np.float32)  # [K, 3]
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,64] x) => (float[N,3] y) { y = Gemm(x, w) }'
+    )
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
+    x = np.random.default_rng(0).uniform(0, 1, (16, k)).astype(np.float32)
+    x[:4] = 1.0
+    result = requant.api.quantize(proto, {"x": x}, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
+    model = ir.to_proto(result.model)
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    wq, wzp = out["w_quantized"], out["w_zero_point"]
+    assert wq.dtype == np.uint8 and (wzp == 128).all() and {int(wq.min()), int(wq.max())} == {1, 255}
+    xs, xzp = float(out["x_scale"]), int(out["x_zero_point"])
+    xq = np.clip(np.round(x / xs) + xzp, 0, 255)
+    reference = ((xq - xzp) * xs) @ ((wq.astype(np.float64) - 128) * out["w_scale"])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    assert np.abs(y - reference).max() <= float(out["y_scale"]) * 0.51
+    assert np.abs(y - x @ weight).max() <= float(out["y_scale"]) + np.abs(x @ weight - reference).max()
 
 
 def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:

@@ -259,16 +259,23 @@ g (float[1,2,4,4] X) => (float[1,2,4,4] Y) {
 """
 
 
-def test_depthwise_convs_keep_full_range_weights_under_a_reduced_range_config() -> None:
-    from requant.quantizers import INT8_REDUCED_RANGE_WEIGHTS
+@pytest.mark.parametrize(
+    ("preset", "pointwise"),
+    [
+        ("INT8_REDUCED_RANGE_WEIGHTS", "int8, symmetric, reduced"),
+        ("UINT8_PER_CHANNEL_WEIGHTS", "uint8, symmetric"),  # ONNX Runtime's uint8-weight depthwise kernel is slow
+    ],
+)
+def test_depthwise_convs_get_full_range_int8_weights(preset: str, pointwise: str) -> None:
+    from requant.quantizers import PRESETS
 
     m = model(DEPTHWISE)
-    report = Quantizer().set_global(INT8_REDUCED_RANGE_WEIGHTS).quantize(m)
+    report = Quantizer().set_global(PRESETS[preset]).quantize(m)
     requests = requests_of(m)
     assert requests["Wd"] == "#requant.spec<int8, symmetric, per_axis = 0, observer = minmax>"
-    assert requests["Wp"] == "#requant.spec<int8, symmetric, reduced, per_axis = 0, observer = minmax>"
+    assert requests["Wp"] == f"#requant.spec<{pointwise}, per_axis = 0, observer = minmax>"
     notes = {tuple(d.nodes): d.reason for d in report.records[0].decisions}
-    assert list(notes.values()) == ["depthwise Conv: full-range weights (int32 kernel)", ""]
+    assert list(notes.values()) == ["depthwise Conv: full-range int8 weights (int32 kernel)", ""]
     # a config without reduced range is left alone
     m = model(DEPTHWISE)
     Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).quantize(m)

@@ -53,12 +53,15 @@ def prepare(
     strict: bool = False,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or the default preset, ``INT8_REDUCED_RANGE_WEIGHTS``).
+    """Load, canonicalize and annotate (with ``quantizer``, or the default preset, ``UINT8_PER_CHANNEL_WEIGHTS``).
 
-    ``strict``: a node a quantizer was asked to quantize but could not is an error naming it.
+    ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
+    ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
     """
     if target not in TARGETS:
         raise RequantError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    if isinstance(source, ir.Model):
+        source = source.clone()
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
     quantizer = quantizer or Quantizer().set_global(PRESETS[DEFAULT_PRESET])

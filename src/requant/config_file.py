@@ -4,7 +4,7 @@
 calib = "calib/"                      # paths are relative to this file
 eval = "eval.npz"
 method = "mse"
-preset = "INT8_REDUCED_RANGE_WEIGHTS" # the global config
+preset = "UINT8_PER_CHANNEL_WEIGHTS" # the global config
 strict = true                         # a node asked to be quantized that cannot be is an error
 
 [images]                              # when calib/eval are folders of images

@@ -26,6 +26,7 @@ from requant.quantizers.config import (
     INT8_PER_TENSOR,
     INT8_REDUCED_RANGE_WEIGHTS,
     PRESETS,
+    UINT8_PER_CHANNEL_WEIGHTS,
     DerivedBias,
     QuantizationConfig,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "INT8_REDUCED_RANGE_WEIGHTS",
     "KNOWN_OBSERVERS",
     "PRESETS",
+    "UINT8_PER_CHANNEL_WEIGHTS",
     "All",
     "AnyOf",
     "DerivedBias",

@@ -120,16 +120,20 @@ def is_depthwise(node: ir.Node) -> bool:
 
 
 def _weight_rule(node: ir.Node, spec: QuantizationSpec) -> tuple[QuantizationSpec, str]:
-    """Depthwise convs keep full-range int8 weights when the config asks for a reduced range.
+    """Depthwise convs get full-range int8 weights when the config asks for a reduced range or uint8.
 
-    The reduced range exists for the uint8 x int8 GEMM kernels of x86 CPUs without VNNI, which add
-    pairs of products in int16 and saturate. ONNX Runtime's depthwise kernel accumulates each
-    product in int32: measured on EfficientNet-Lite0, the same per-tensor SQNR with ONNX Runtime's
-    int8 kernels as with float math on the dequantized values, and KL divergence to the float
-    model 0.106 -> 0.058 against 7-bit depthwise weights.
+    uint8 weights exist for ONNX Runtime's exact uint8 x uint8 GEMM; its uint8-weight depthwise
+    kernel is a slow path (measured on EfficientNet-Lite0, ONNX Runtime 1.31: a 5x5 depthwise
+    QLinearConv takes 17 ms with uint8 weights, 0.15 ms with int8). The reduced range exists for
+    the uint8 x int8 GEMM kernels of x86 CPUs without VNNI, which add pairs of products in int16
+    and saturate. ONNX Runtime's depthwise kernel accumulates each product in int32: measured on
+    EfficientNet-Lite0, the same per-tensor SQNR with its int8 kernels as with float math on the
+    dequantized values, and KL divergence to the float model 0.106 -> 0.058 against 7-bit
+    depthwise weights.
     """
-    if spec.reduce_range and is_depthwise(node):
-        return dataclasses.replace(spec, reduce_range=False), "depthwise Conv: full-range weights (int32 kernel)"
+    if (spec.reduce_range or spec.dtype == "uint8") and is_depthwise(node):
+        note = "depthwise Conv: full-range int8 weights (int32 kernel)"
+        return dataclasses.replace(spec, dtype="int8", reduce_range=False), note
     return spec, ""
 
 
