@@ -74,6 +74,21 @@ def test_percentile_entropy_and_mse_clip_outliers_sensibly() -> None:
     assert ranges["mse"] <= 50.0
 
 
+def test_entropy_is_not_pulled_down_by_the_zeros_of_a_relu() -> None:
+    """Three quarters exact zeros (after a ReLU), the rest half-normal: a uint8 range from 0.
+
+    The zeros are exact at any threshold. Counted in the divergence, their spike pulled the
+    threshold to 0.27 here (MobileNetV2's ReLU6 outputs clipped to 1/8 of their range, top-1
+    agreement 0.43); and [0, t] has all 256 levels, not half of them.
+    """
+    x = np.maximum(RNG.standard_normal(200000), 0)
+    x[:100000] = 0
+    o = make_observer(spec("entropy"))
+    o.update(x)
+    lo, hi = o.range(spec("entropy", dtype="uint8"))
+    assert float(lo) == 0.0 and float(hi) > np.percentile(x[x > 0], 99.9)
+
+
 def test_uniform_percentile_is_the_quantile() -> None:
     x = np.linspace(0.0, 1.0, 100001)
     o = make_observer(spec("percentile", observer_options={"percentile": 99.0}))

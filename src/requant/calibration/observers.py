@@ -256,7 +256,11 @@ def _entropy_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, A
     """TensorRT's KL calibration on |x|: the threshold whose clipped, quantized histogram diverges least."""
     counts, top = _abs_histogram(h)
     n = counts.size
-    quant_bins = _levels(spec) // 2
+    one_sided = h.data_lo >= 0 and not spec.symmetric  # [0, threshold] gets every level, not half
+    quant_bins = _levels(spec) if one_sided else _levels(spec) // 2
+    if one_sided:  # ReLU's zeros are exact at any threshold; their spike only pulls the threshold down
+        counts = counts.copy()
+        counts[0] = 0
     if n <= quant_bins:
         return (-top, top) if spec.symmetric or h.data_lo < 0 else (0.0, top)
     best, best_i = math.inf, n
