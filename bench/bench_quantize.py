@@ -264,7 +264,9 @@ def main() -> None:
             folded, _ = run_passes(load_onnx(path), get_passes("canonicalize"))
             folded_path = folder / f"{name}.folded.onnx"
             save_onnx(folded, folded_path)
-            runs = [("requant", m) for m in ("minmax", "percentile", "mse", "entropy", "percentile+reduced", "mse+full")]
+            runs = [
+                ("requant", m) for m in ("minmax", "percentile", "mse", "entropy", "percentile+reduced", "mse+full")
+            ]
             runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile", "MinMax/folded")]
             for tool, method in runs:
                 out = folder / f"{name}.{tool}.{method.replace('/', '_')}.onnx"
