@@ -89,6 +89,17 @@ def test_entropy_is_not_pulled_down_by_the_zeros_of_a_relu() -> None:
     assert float(lo) == 0.0 and float(hi) > np.percentile(x[x > 0], 99.9)
 
 
+def test_entropy_of_a_narrow_histogram_far_from_zero() -> None:
+    # MiniLM has such tensors: |x| over [0, max] at the histogram's own bin width needed 2e15 bins
+    o = make_observer(spec("entropy"))
+    o.update(np.full(1000, 1.0, np.float32))
+    assert o.range(spec("entropy", dtype="uint8")) == (0.0, 1.0)
+    o = make_observer(spec("entropy"))
+    o.update(1000.0 + RNG.random(10000))
+    lo, hi = o.range(spec("entropy", dtype="uint8"))
+    assert float(lo) == 0.0 and 990.0 < float(hi) <= 1001.0
+
+
 def test_uniform_percentile_is_the_quantile() -> None:
     x = np.linspace(0.0, 1.0, 100001)
     o = make_observer(spec("percentile", observer_options={"percentile": 99.0}))

@@ -24,7 +24,7 @@ from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.errors import RequantError
-from requant.frontends import load, save_onnx
+from requant.frontends import load, save_onnx, serialized_size
 from requant.passes import get_passes, run_passes
 from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer, QuantizerReport
 from requant.report.lint import LintResult, lint
@@ -158,7 +158,10 @@ def quantize(
     """
     started = time.perf_counter()
     prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
-    float_proto = ir.serde.serialize_model(prepared)  # once: its size, and the float session
+    # the float model serialized only where a float session needs it (held through calibration,
+    # it was MiniLM's largest allocation); otherwise just its size
+    float_proto = ir.serde.serialize_model(prepared) if measure or eval_data is not None else None
+    float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
     chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
     quantized, quantized_proto, notes, lint_result = _convert(prepared)
     report: dict[str, Any] = {
@@ -167,10 +170,10 @@ def quantize(
         "calibrated": [c.__dict__ for c in chosen],
         "propagated": [n.__dict__ for n in notes],
         "lint": lint_result.to_json(),
-        "size_bytes": {"float": float_proto.ByteSize(), "quantized": quantized_proto.ByteSize()},
+        "size_bytes": {"float": float_size, "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
     }
-    if measure or eval_data is not None:
+    if float_proto is not None:
         f_session, q_session = _session(float_proto), _session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))

@@ -243,19 +243,21 @@ def _levels(spec: QuantizationSpec) -> int:
 
 
 def _abs_histogram(h: Histogram) -> tuple[Array, float]:
-    """Counts of |x| over [0, max|x|] on the same bin width."""
+    """Counts of |x| over [0, max|x|], and their bin width: the histogram's own, or coarser so that
+    there are at most ``bins`` bins (a narrow histogram far from zero would need billions)."""
     top = max(abs(h.data_lo), abs(h.data_hi))
-    width = (h.hi - h.lo) / h.bins
+    width = max((h.hi - h.lo) / h.bins, top / h.bins)
     n = max(1, math.ceil(top / width))
     centers = (h.edges[:-1] + h.edges[1:]) / 2
     index = np.clip((np.abs(centers) / width).astype(np.int64), 0, n - 1)
-    return np.bincount(index, weights=h.counts, minlength=n), n * width
+    return np.bincount(index, weights=h.counts, minlength=n), width
 
 
 def _entropy_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, Any]) -> tuple[float, float]:
     """TensorRT's KL calibration on |x|: the threshold whose clipped, quantized histogram diverges least."""
-    counts, top = _abs_histogram(h)
+    counts, width = _abs_histogram(h)
     n = counts.size
+    top = max(abs(h.data_lo), abs(h.data_hi))
     one_sided = h.data_lo >= 0 and not spec.symmetric  # [0, threshold] gets every level, not half
     quant_bins = _levels(spec) if one_sided else _levels(spec) // 2
     if one_sided:  # ReLU's zeros are exact at any threshold; their spike only pulls the threshold down
@@ -266,14 +268,16 @@ def _entropy_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, A
     best, best_i = math.inf, n
     total = counts.sum()
     for i in range(quant_bins, n + 1, max(1, (n - quant_bins) // 256)):
-        reference = counts[:i].astype(np.float64).copy()
+        reference = counts[:i].astype(np.float64)
         reference[-1] += counts[i:].sum()
-        groups = np.array_split(np.arange(i), quant_bins)
-        quantized = np.zeros(i)
-        for g in groups:
-            nonzero = counts[g] > 0
-            if nonzero.any():
-                quantized[g[nonzero]] = counts[g].sum() / nonzero.sum()
+        # the first i bins merged into quant_bins groups (np.array_split's sizes), each group's
+        # count spread evenly over its non-empty bins
+        size, extra = divmod(i, quant_bins)
+        group = np.repeat(np.arange(quant_bins), [size + 1] * extra + [size] * (quant_bins - extra))
+        nonzero = counts[:i] > 0
+        sums = np.bincount(group, weights=counts[:i], minlength=quant_bins)
+        filled = np.bincount(group, weights=nonzero, minlength=quant_bins)
+        quantized = np.where(nonzero, sums[group] / np.maximum(filled[group], 1), 0.0)
         p = reference / total
         q = quantized / max(quantized.sum(), 1e-12)
         mask = p > 0
@@ -281,7 +285,7 @@ def _entropy_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, A
         divergence = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
         if divergence < best:
             best, best_i = divergence, i
-    threshold = min(best_i * (h.hi - h.lo) / h.bins, top)
+    threshold = min(best_i * width, top)
     if spec.symmetric or h.data_lo < 0:
         return -threshold, threshold
     return 0.0, threshold

@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx
+from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx, serialized_size
 from requant.frontends.torch_loader import load_torch, module_class, module_path
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "module_class",
     "module_path",
     "save_onnx",
+    "serialized_size",
 ]
 
 
