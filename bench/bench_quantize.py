@@ -155,7 +155,8 @@ if tool == "requant":
     import requant.api
     from requant.quantizers import PRESETS, Quantizer
     method, _, preset = method.partition("+")  # "mse+full": a method and a preset
-    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS", "full": "INT8_PER_CHANNEL_WEIGHTS"}.get(preset, preset)
+    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS", "full": "INT8_PER_CHANNEL_WEIGHTS",
+              "floatout": "UINT8_FLOAT_OUTPUTS"}.get(preset, preset)  # fmt: skip
     quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
     requant.api.quantize(model, samples, method=method, quantizer=quantizer, output=out,
                          progress=lambda done, elapsed: None, measure=False)
@@ -267,6 +268,8 @@ def main() -> None:
             runs = [
                 ("requant", m) for m in ("minmax", "percentile", "mse", "entropy", "percentile+reduced", "mse+full")
             ]
+            if name == "minilm":  # linear layers feeding float LayerNorm/GELU/residuals: float outputs
+                runs += [("requant", m) for m in ("minmax+floatout", "mse+floatout")]
             runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile", "MinMax/folded")]
             for tool, method in runs:
                 out = folder / f"{name}.{tool}.{method.replace('/', '_')}.onnx"

@@ -360,3 +360,48 @@ def test_lint_names_nodes_asked_to_be_quantized_that_run_in_float(tmp_path: Path
     )
     assert lint.returncode == 3
     assert "asked to be quantized, but ONNX Runtime runs them in float: Conv 'node_conv2d'" in lint.stdout
+
+
+def test_float_outputs_for_a_transformer_block() -> None:
+    """UINT8_FLOAT_OUTPUTS: linear layers become MatMulIntegerToFloat; everything else stays float.
+
+    A float op's output (the Tanh, standing in for a LayerNorm) feeds a linear layer and a residual
+    sum: the sum reads it unquantized. The bias after the MatMul meets a float result: it stays float.
+    The attention-style MatMul of two activations has no int8 kernel with a float output: rejected.
+    """
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from requant.quantizers import UINT8_FLOAT_OUTPUTS, Quantizer
+
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,S,16] x) => (float[N,S,16] y, float[N,S,S] a) {'
+        " h = Tanh(x) m = MatMul(h, w) l = Add(m, b) y = Add(l, h) t = Transpose<perm = [0, 2, 1]>(h) a = MatMul(h, t) }"
+    )
+    w, b = rng.standard_normal((16, 16)).astype(np.float32) / 4, rng.standard_normal(16).astype(np.float32)
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    calib = [{"x": rng.standard_normal((1, 7, 16)).astype(np.float32)} for _ in range(8)]
+    result = requant.api.quantize(proto, calib, quantizer=Quantizer().set_global(UINT8_FLOAT_OUTPUTS), measure=False)
+    lint = result.report["lint"]
+    assert lint["int8_kernels"] == {"MatMulIntegerToFloat": 1}
+    assert lint["float_between_dequantize_and_quantize"] == [] and lint["asked_to_be_quantized_but_float"] == []
+    assert lint["leftover_quantize_dequantize_pairs"] == []
+    decisions = [d for q in result.report["quantizers"]["quantizers"] for d in q["decisions"]]
+    rejected = {tuple(d["nodes"]): d["reason"] for d in decisions if d["status"] == "rejected"}
+    assert any("no int8 MatMul with a float output" in r for r in rejected.values())
+    model = ir.to_proto(result.model)
+    stored = {t.name: t for t in model.graph.initializer}
+    assert stored["b"].data_type == onnx.TensorProto.FLOAT  # the bias after the kernel stays float
+    residual = next(n for n in model.graph.node if n.output[0] == "y")
+    assert "h" in residual.input  # the residual sum reads the float value, not its dequantized copy
+    x = rng.standard_normal((1, 5, 16)).astype(np.float32)
+    y, _ = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    h = np.tanh(x)
+    hs = float(onnx.numpy_helper.to_array(stored["h_scale"]))
+    # only h's rounding (half a step, times sum |w| over 16 inputs) and w's reach the output
+    bound = hs / 2 * np.abs(w).sum(0).max() + np.abs(h).sum(-1).max() * np.abs(w).max() / 127
+    assert np.abs(y - (h @ w + b + h)).max() <= bound

@@ -79,7 +79,9 @@ def test_a_large_model_is_observed_with_its_weights_mapped_not_copied() -> None:
     observer = MinMaxObserver()
     seen: list[float] = []
     before = rss_mb()
-    collect(model, [{"X": np.ones((1, 8192), np.float32)}], {"Y": observer}, progress=lambda d, e: seen.append(rss_mb()))
+    collect(
+        model, [{"X": np.ones((1, 8192), np.float32)}], {"Y": observer}, progress=lambda d, e: seen.append(rss_mb())
+    )
     assert abs(float(observer.hi) - 0.8192) < 1e-5  # type: ignore[arg-type]
     # loading from serialized bytes held the 256 MB weight two more times (the bytes, ONNX Runtime's copy)
     # measured: +256 MB (the mapped weight) against +512 MB when the session was built from bytes

@@ -37,6 +37,8 @@ from requant.ir.annotations import (
     set_request,
 )
 from requant.ir.queries import fresh_name, graph_values, is_op
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
+from requant.quantizers.shared import SharedSpecQuantizer
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -168,12 +170,33 @@ def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) 
 _READS_SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 
-def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
+def _int8_nodes(graph: ir.Graph) -> set[int] | None:
+    """The nodes whose ports carry quantized values: int8 kernels and the data movement between them.
+
+    None when no quantizer marked any node (types set by hand): then every consumer of a typed
+    value reads it quantized. (Not "nodes with a quantized output": a float op's output gets a
+    type when an int8 kernel reads it.)
+    """
+    shared = SharedSpecQuantizer().describe()
+    marks = [(n, n.metadata_props.get(ANNOTATED_KEY, "")) for n in graph]
+    if not any(by for _, by in marks):
+        return None
+    return {id(n) for n, by in marks if asks_for_int8(by) or by == shared}
+
+
+def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node, int8: set[int] | None) -> None:
     name = str(value.name)
     uses = [u for u in value.uses() if not any(is_op(u.node, op) for op in _READS_SHAPE_ONLY)]
     was_output = value.is_graph_output()
+    producer = value.producer()
+    if int8 is not None and (producer is None or id(producer) not in int8):
+        # a float op's output: its float consumers (a residual sum beside a linear layer) keep
+        # reading it unquantized; only int8 kernels read the dequantized value. (An int8 kernel's
+        # output has no float value once ONNX Runtime fuses its QuantizeLinear: all read that.)
+        uses = [u for u in uses if id(u.node) in int8]
+        was_output = False
     if not uses and not was_output:
-        return  # only its shape is read: nothing to quantize
+        return  # only float ops or its shape read it: nothing to quantize
     params = builder.params(t, name)
     q = builder.node("QuantizeLinear", [value, params.scale, params.zero_point], params.attributes, f"{name}_quantized")
     quantized = q.outputs[0]
@@ -182,7 +205,6 @@ def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.No
     dq = builder.node("DequantizeLinear", [quantized, params.scale, params.zero_point], params.attributes, f"{name}_dq")
     out = dq.outputs[0]
     out.type, out.shape = value.type, value.shape
-    producer = value.producer()
     if producer is not None:
         builder.graph.insert_after(producer, [q, dq])
     else:
@@ -236,12 +258,13 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
     _strip_debug_metadata(model)
     builder = _Builder(graph)
     first = next(iter(graph))
+    int8 = _int8_nodes(graph)
     for value, t in typed:
         if value.const_value is not None and value.is_initializer() and not value.is_graph_input():
             _weight(builder, value, t, first)
             first = next(iter(graph))
         elif value.const_value is None:
-            _activation(builder, value, t, first)
+            _activation(builder, value, t, first, int8)
             first = next(iter(graph))
     graph.sort()
     return model

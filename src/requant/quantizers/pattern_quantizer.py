@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from requant.ir.annotations import request, set_request
 from requant.ir.queries import constant
-from requant.ir.requests import DerivedSpec, QuantizationSpec, Request
+from requant.ir.requests import DerivedSpec, NoQuant, QuantizationSpec, Request
 from requant.ir.traits import DATA_MOVEMENT, WEIGHTED, data_inputs, weight_channel_axis
 from requant.quantizers.config import DerivedBias, QuantizationConfig
 from requant.quantizers.finders import NodeFinder
@@ -25,9 +25,21 @@ from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.records import NodeDecision, QuantizerRecord
 from requant.targets.table import Match, Reject, SupportTable
 
-__all__ = ["ANNOTATED_KEY", "PatternQuantizer", "QuantizeState"]
+__all__ = ["ANNOTATED_KEY", "PatternQuantizer", "QuantizeState", "asks_for_int8"]
 
 ANNOTATED_KEY = "requant.annotated_by"
+# marks the ops of a pattern after its kernel when the kernel's output stays float (a bias Add after
+# MatMulIntegerToFloat): they compute in float by design
+_FLOAT_TAIL = " after a float output"
+
+
+def asks_for_int8(annotated_by: str) -> bool:
+    """Whether a node's ``ANNOTATED_KEY`` mark asks for it to run as (part of) an int8 kernel."""
+    return (
+        annotated_by.startswith("PatternQuantizer(")
+        and not annotated_by.endswith(", FLOAT)")
+        and not annotated_by.endswith(_FLOAT_TAIL)
+    )
 
 
 @dataclass
@@ -92,6 +104,8 @@ def port_requests(
                         requests[value] = DerivedSpec((source.name, weight_value.name), dtype=config.bias.dtype)
                 elif config.bias is not None:
                     requests[value] = config.bias
+            elif node is not match.nodes[0] and constant(value) is not None:
+                continue  # a constant after the kernel (a MatMul's bias Add) meets its float result: float
             elif i != weight_index or not weight_is_const:
                 activations.append(value)
                 if config.input_activation is not None:
@@ -144,7 +158,8 @@ class PatternQuantizer:
                     set_request(value, wanted)
                 shown = str(wanted) if existing is None or existing == wanted else f"{existing} (kept; asked {wanted})"
                 (decision.outputs if value in outputs else decision.inputs)[str(value.name)] = shown
-            for node in match.nodes:
-                state.mark(node, self.describe())
+            float_output = isinstance(self.config.output_activation, NoQuant)
+            for i, node in enumerate(match.nodes):
+                state.mark(node, self.describe() + (_FLOAT_TAIL if float_output and i > 0 else ""))
             record.decisions.append(decision)
         return record

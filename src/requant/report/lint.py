@@ -22,7 +22,7 @@ import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
-from requant.quantizers.pattern_quantizer import ANNOTATED_KEY
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -87,8 +87,7 @@ class LintResult:
 
 def _asked(node: onnx.NodeProto) -> bool:
     """Did a requant quantizer accept this node for a quantized config (not FLOAT, not shared)?"""
-    by = next((p.value for p in node.metadata_props if p.key == ANNOTATED_KEY), "")
-    return by.startswith("PatternQuantizer(") and not by.endswith(", FLOAT)")
+    return asks_for_int8(next((p.value for p in node.metadata_props if p.key == ANNOTATED_KEY), ""))
 
 
 def lint(model: ir.Model | onnx.ModelProto) -> LintResult:

@@ -99,9 +99,26 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         verdict = _check_activation(spec, what)
         if not verdict.accepted:
             return verdict
+    if isinstance(config.input_activation, QuantizationSpec) and isinstance(config.output_activation, NoQuant):
+        verdict = _check_float_output(match.nodes[0])
+        if not verdict.accepted:
+            return verdict
     if match.nodes[0].op_type in WEIGHTED and not isinstance(config.weight, NoQuant):
         return _check_weighted(match, config)
     return Accept()
+
+
+def _check_float_output(node: ir.Node) -> Verdict:
+    """Quantized inputs, float output: only MatMulIntegerToFloat (a MatMul with a constant weight)
+    and QGemm compute that in int8; anything else would run in float between a DequantizeLinear
+    and nothing, the inputs' quantization pure loss."""
+    if node.op_type == "Gemm" or (node.op_type == "MatMul" and constant(node.inputs[1]) is not None):
+        return Accept()
+    return Reject(
+        f"ONNX Runtime has no int8 {node.op_type} with a float output (MatMul with a constant weight "
+        "and Gemm have: MatMulIntegerToFloat, QGemm)",
+        at=node,
+    )
 
 
 def _patterns() -> tuple[Pattern, ...]:
