@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +70,13 @@ def test_other_calibration_methods(method: str) -> None:
     assert {c["observer"] for c in result.report["calibrated"] if c["kind"] == "activation"} == {method}
 
 
+def conv_preset() -> Any:
+    """The conv-net default (models with only linear layers would get UINT8_FLOAT_OUTPUTS)."""
+    from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
+
+    return Quantizer().set_global(PRESETS[DEFAULT_PRESET])
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "requant", "quantize", *args], capture_output=True, text=True, timeout=300
@@ -127,7 +135,7 @@ def test_a_bias_that_would_overflow_int32_raises_the_weight_scale() -> None:
     )
     proto.graph.initializer.extend([onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])
     x = rng.standard_normal((8, 4)).astype(np.float32)
-    result = requant.api.quantize(proto, {"x": x})
+    result = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset())
 
     raised = [p for p in result.report["propagated"] if p["value"] == "w"]
     assert raised and raised[0]["why"] == "weight scale raised so bias 'b' fits int32 with room for the accumulation"
@@ -203,7 +211,7 @@ def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() 
     proto.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
     x = np.random.default_rng(0).uniform(0, 1, (16, k)).astype(np.float32)
     x[:4] = 1.0
-    result = requant.api.quantize(proto, {"x": x}, measure=False)
+    result = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset(), measure=False)
     assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
     model = ir.to_proto(result.model)
     out = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -324,7 +332,7 @@ def test_an_embedding_table_is_stored_int8_and_gathered_int8() -> None:
     )
     ids = np.arange(1000)[None]  # every row, in samples of different sequence lengths
     calib = [{"ids": ids[:, :400]}, {"ids": ids[:, 400:700]}, {"ids": ids[:, 700:]}]
-    result = requant.api.quantize(proto, calib, measure=False)
+    result = requant.api.quantize(proto, calib, quantizer=conv_preset(), measure=False)
     model = ir.to_proto(result.model)
     stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     assert stored["table_quantized"].dtype == np.uint8 and stored["table_quantized"].shape == (1000, 16)
@@ -405,3 +413,59 @@ def test_float_outputs_for_a_transformer_block() -> None:
     # only h's rounding (half a step, times sum |w| over 16 inputs) and w's reach the output
     bound = hs / 2 * np.abs(w).sum(0).max() + np.abs(h).sum(-1).max() * np.abs(w).max() / 127
     assert np.abs(y - (h @ w + b + h)).max() <= bound
+
+
+def test_the_default_preset_follows_the_model() -> None:
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+
+    from requant.quantizers import INT8_PER_TENSOR, Quantizer
+
+    conv = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False).report
+    why = "UINT8_PER_CHANNEL_WEIGHTS (linear layers: 1, convolutions: 2; int8 kernels with uint8 weights)"
+    assert conv["quantizers"]["preset_choice"] == why and f"preset: {why}" in conv["summary"]
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,S,8] x) => (float[N,S,8] y) {'
+        " h = MatMul(x, w1) g = Relu(h) y = MatMul(g, w2) }"
+    )
+    for name in ("w1", "w2"):
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), name)
+        )
+    calib = [{"x": rng.standard_normal((1, 5, 8)).astype(np.float32)} for _ in range(4)]
+    linear = requant.api.quantize(proto, calib, measure=False).report
+    assert linear["quantizers"]["preset_choice"].startswith("UINT8_FLOAT_OUTPUTS (linear layers: 2, convolutions: 0")
+    # the ReLU between them: the first becomes QLinearMatMul (its output is the second one's quantized input)
+    assert linear["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1, "QLinearMatMul": 1}
+    given = requant.api.quantize(proto, calib, quantizer=Quantizer().set_global(INT8_PER_TENSOR), measure=False)
+    assert given.report["quantizers"]["preset_choice"] == "" and "preset:" not in given.report["summary"]
+
+
+def test_an_embedding_read_only_by_float_ops_is_stored_uint8() -> None:
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (int64[N, S] ids) => (float[N, S, 8] y, float[N, S, 8] e) {'
+        " rows = Gather(table, ids) h = Tanh(rows) y = MatMul(h, w) e = Gather(table, ids) }"
+    )
+    table = rng.standard_normal((100, 8)).astype(np.float32)
+    weight = rng.standard_normal((8, 8)).astype(np.float32)
+    proto.graph.initializer.extend(
+        [onnx.numpy_helper.from_array(table, "table"), onnx.numpy_helper.from_array(weight, "w")]
+    )
+    calib = [{"ids": rng.integers(0, 100, (1, 9))} for _ in range(4)]
+    result = requant.api.quantize(proto, calib, measure=False)  # UINT8_FLOAT_OUTPUTS: the Tanh stays float
+    model = ir.to_proto(result.model)
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert stored["table_quantized"].dtype == np.uint8 and "table" not in stored
+    ids = rng.integers(0, 100, (2, 5))
+    _, e = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})
+    step = float(stored["table_scale"])
+    assert np.abs(e - table[ids]).max() <= step / 2 * 1.001  # the rows, dequantized: half a step

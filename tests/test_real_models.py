@@ -205,6 +205,7 @@ def test_minilm_with_float_outputs_keeps_its_embeddings() -> None:
     quantizer = Quantizer().set_global(UINT8_FLOAT_OUTPUTS)
     report = requant.quantize(model, samples[:30], quantizer=quantizer, eval_data=samples[30:], measure=False).report
     assert report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 36}
-    assert not report["lint"]["float_between_dequantize_and_quantize"]
+    # the embeddings' sum and LayerNorm read the gathered uint8 rows (the tables are stored uint8)
+    assert len(report["lint"]["float_between_dequantize_and_quantize"]) <= 1
     assert not report["lint"]["leftover_quantize_dequantize_pairs"]
     assert report["evaluation"]["cosine_similarity"] > 0.98

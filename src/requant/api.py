@@ -26,7 +26,7 @@ from requant.calibration.runner import Progress, terminal_progress
 from requant.errors import RequantError
 from requant.frontends import load, save_onnx, serialized_size
 from requant.passes import get_passes, run_passes
-from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer, QuantizerReport
+from requant.quantizers import Quantizer, QuantizerReport
 from requant.report.lint import LintResult, lint
 
 __all__ = ["QuantizedModel", "calibrate", "convert", "prepare", "quantize"]
@@ -53,7 +53,7 @@ def prepare(
     strict: bool = False,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or the default preset, ``UINT8_PER_CHANNEL_WEIGHTS``).
+    """Load, canonicalize and annotate (with ``quantizer``, or the preset ``choose_preset`` picks for the model).
 
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
     ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
@@ -64,7 +64,7 @@ def prepare(
         source = source.clone()
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
-    quantizer = quantizer or Quantizer().set_global(PRESETS[DEFAULT_PRESET])
+    quantizer = quantizer or Quantizer().set_global_by_model()
     return model, quantizer.quantize(model, strict=strict)
 
 
@@ -193,8 +193,10 @@ def quantize(
 def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     """The text printed at the end of ``requant quantize``."""
     size = report["size_bytes"]
-    lines = [
-        f"target: {report['target']}",
+    lines = [f"target: {report['target']}"]
+    if report["quantizers"].get("preset_choice"):
+        lines.append(f"preset: {report['quantizers']['preset_choice']}")
+    lines += [
         lint_result.text(),
         f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
         f"({size['quantized'] / size['float']:.2f}x)",

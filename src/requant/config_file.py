@@ -4,7 +4,7 @@
 calib = "calib/"                      # paths are relative to this file
 eval = "eval.npz"
 method = "mse"
-preset = "UINT8_PER_CHANNEL_WEIGHTS" # the global config
+preset = "UINT8_PER_CHANNEL_WEIGHTS" # the global config (default: chosen by the model)
 strict = true                         # a node asked to be quantized that cannot be is an error
 
 [images]                              # when calib/eval are folders of images
@@ -46,7 +46,7 @@ from typing import Any
 from requant.calibration.images import ImagePreprocessing
 from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
-from requant.quantizers.config import DEFAULT_PRESET, PRESETS, DerivedBias, QuantizationConfig
+from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
 from requant.quantizers.quantizer import Quantizer, QuantParams
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
@@ -70,7 +70,7 @@ class RunSettings:
     output: str | None = None
     target: str = "onnxruntime-cpu"
     method: str | None = None
-    preset: str = DEFAULT_PRESET
+    preset: str | None = None  # None: the preset requant.quantizers.choose_preset picks for the model
     strict: bool = False
     images: ImagePreprocessing | None = None
     report_json: str | None = None
@@ -81,9 +81,13 @@ class RunSettings:
 
     def quantizer(self) -> Quantizer:
         """The composite quantizer: the preset globally, module parameters, then the overrides (last wins)."""
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ConfigFileError(f"unknown preset {self.preset!r}; known: {', '.join(sorted(PRESETS))}")
-        quantizer = Quantizer().set_global(PRESETS[self.preset])
+        quantizer = Quantizer()
+        if self.preset is None:
+            quantizer.set_global_by_model()
+        else:
+            quantizer.set_global(PRESETS[self.preset])
         if self.module_params:
             quantizer.set_module_params(self.module_params)
         setters = {
@@ -192,7 +196,7 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
     for key in ("target", "method", "preset"):
         if key in data:
             setattr(settings, key, _typed(data[key], str, f"{where}: {key}", "a string"))
-    if settings.preset not in PRESETS:
+    if settings.preset is not None and settings.preset not in PRESETS:
         raise ConfigFileError(
             f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
         )

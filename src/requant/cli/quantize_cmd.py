@@ -10,7 +10,7 @@ from typing import Any
 
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
 from requant.errors import RequantError
-from requant.quantizers import DEFAULT_PRESET, PRESETS
+from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
 
 __all__ = ["register"]
 
@@ -30,7 +30,12 @@ def register(commands: Any) -> None:
     sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
     sub.add_argument("--target", help="the target (default: onnxruntime-cpu)")
     sub.add_argument("--method", help="calibration method for activations: minmax, percentile, entropy, mse, ...")
-    sub.add_argument("--preset", choices=sorted(PRESETS), help=f"the global config (default: {DEFAULT_PRESET})")
+    sub.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help=f"the global config (default: {DEFAULT_PRESET} for conv nets, {LINEAR_DEFAULT_PRESET} for models with "
+        "more linear layers than convolutions)",
+    )
     sub.add_argument(
         "--images", choices=sorted(IMAGE_PRESETS), help="preprocessing of image folders given as --calib/--eval"
     )

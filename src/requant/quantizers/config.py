@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import onnx_ir as ir
+
+from requant.ir.queries import constant
 from requant.ir.requests import DTYPES, FixedSpec, NoQuant, QuantizationSpec, RequestError
 
 __all__ = [
@@ -20,11 +23,13 @@ __all__ = [
     "INT8_PER_CHANNEL_WEIGHTS",
     "INT8_PER_TENSOR",
     "INT8_REDUCED_RANGE_WEIGHTS",
+    "LINEAR_DEFAULT_PRESET",
     "PRESETS",
     "UINT8_FLOAT_OUTPUTS",
     "UINT8_PER_CHANNEL_WEIGHTS",
     "DerivedBias",
     "QuantizationConfig",
+    "choose_preset",
 ]
 
 
@@ -120,6 +125,25 @@ INT4_BLOCKWISE_WEIGHTS = QuantizationConfig(
 # weights are exact everywhere at ~15% more convolution time. A fixed choice, never a CPU-flag
 # probe, so the same inputs give the same model on every machine.
 DEFAULT_PRESET = "UINT8_PER_CHANNEL_WEIGHTS"
+# The default for models with more linear layers than convolutions (transformers, MLPs): their
+# linear layers feed ops ONNX Runtime runs in float (LayerNorm, GELU, residual sums).
+LINEAR_DEFAULT_PRESET = "UINT8_FLOAT_OUTPUTS"
+
+
+def choose_preset(model: ir.Model) -> tuple[str, str]:
+    """The preset used when none is given, and why: a rule on the model's weighted ops, never a guess."""
+    convs = sum(1 for n in model.graph if n.op_type in ("Conv", "ConvTranspose"))
+    linear = sum(
+        1
+        for n in model.graph
+        if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and constant(n.inputs[1]) is not None
+    )
+    counts = f"linear layers: {linear}, convolutions: {convs}"
+    if linear > convs:
+        return LINEAR_DEFAULT_PRESET, f"{counts}; int8 linear layers with float outputs"
+    return DEFAULT_PRESET, f"{counts}; int8 kernels with uint8 weights"
+
+
 PRESETS: dict[str, QuantizationConfig] = {
     c.name: c
     for c in (

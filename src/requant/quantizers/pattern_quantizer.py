@@ -111,7 +111,12 @@ def port_requests(
                 if config.input_activation is not None:
                     requests[value] = config.input_activation
     outputs = [o for o in match.nodes[-1].outputs if o.uses() or o.is_graph_output()]
-    if config.output_activation is not None:
+    # a kernel with a float output (MatMulIntegerToFloat) asks nothing of it: a consumer may still
+    # want it quantized (the next linear layer's input)
+    float_output = isinstance(config.input_activation, QuantizationSpec) and isinstance(
+        config.output_activation, NoQuant
+    )
+    if config.output_activation is not None and not float_output:
         for out in outputs:
             requests[out] = config.output_activation
     return requests, outputs

@@ -18,7 +18,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from requant.errors import RequantError
 from requant.ir.queries import DEFAULT_DOMAINS
 from requant.ir.requests import NoQuant, QuantizationSpec
-from requant.quantizers.config import DerivedBias, QuantizationConfig
+from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig, choose_preset
 from requant.quantizers.finders import (
     Global,
     ModulePath,
@@ -105,6 +105,7 @@ class Quantizer:
         self._matcher = PatternMatcher(table)
         self._added: list[AnnotatingQuantizer] = []
         self._global: PatternQuantizer | None = None
+        self._global_by_model = False
         self._shared: AnnotatingQuantizer = SharedSpecQuantizer()
 
     def _pattern(self, finder: NodeFinder, config: QuantizationConfig | None) -> PatternQuantizer:
@@ -112,6 +113,12 @@ class Quantizer:
 
     def set_global(self, config: QuantizationConfig | None) -> Quantizer:
         self._global = self._pattern(Global(), config)
+        self._global_by_model = False
+        return self
+
+    def set_global_by_model(self) -> Quantizer:
+        """The global config is the preset ``choose_preset`` picks for each model quantized (the default)."""
+        self._global, self._global_by_model = None, True
         return self
 
     def set_node_finder(self, finder: NodeFinder, config: QuantizationConfig | None) -> Quantizer:
@@ -145,11 +152,13 @@ class Quantizer:
         self._added.append(quantizer)
         return self
 
-    def order(self) -> list[AnnotatingQuantizer]:
-        """The quantizers in the order they apply."""
+    def order(self, model: ir.Model | None = None) -> list[AnnotatingQuantizer]:
+        """The quantizers in the order they apply (to ``model``, when the global preset depends on it)."""
         ordered: list[AnnotatingQuantizer] = list(reversed(self._added))
         if self._global is not None:
             ordered.append(self._global)
+        elif self._global_by_model and model is not None:
+            ordered.append(self._pattern(Global(), PRESETS[choose_preset(model)[0]]))
         ordered.append(self._shared)
         return ordered
 
@@ -166,7 +175,7 @@ class Quantizer:
         if not candidates:
             return [], []
         selections = [
-            (set(q.node_finder.find(model)), q.config) for q in self.order() if isinstance(q, PatternQuantizer)
+            (set(q.node_finder.find(model)), q.config) for q in self.order(model) if isinstance(q, PatternQuantizer)
         ]
         done, kept = [], []
         for node in candidates:
@@ -197,7 +206,11 @@ class Quantizer:
         decomposed, not_decomposed = self.decompose(model)
         state = QuantizeState()
         report = QuantizerReport(decomposed=decomposed, not_decomposed=not_decomposed)
-        for quantizer in self.order():
+        if self._global_by_model:
+            name, why = choose_preset(model)
+            report.preset_choice = f"{name} ({why})"
+            log.info("preset %s: %s", name, why)
+        for quantizer in self.order(model):
             record = quantizer.annotate(model, state)
             report.records.append(record)
             if record.selected == 0 and not isinstance(quantizer, SharedSpecQuantizer):

@@ -61,9 +61,11 @@ class QuantizerReport:
     warnings: list[str] = field(default_factory=list)
     decomposed: list[dict[str, str]] = field(default_factory=list)
     not_decomposed: list[dict[str, str]] = field(default_factory=list)
+    preset_choice: str = ""  # why the global preset is the one it is, when requant chose it
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "preset_choice": self.preset_choice,
             "decomposed": self.decomposed,
             "not_decomposed": self.not_decomposed,
             "quantizers": [r.to_json() for r in self.records],
@@ -75,6 +77,8 @@ class QuantizerReport:
         """The INFO-level text: one block per quantizer, then the nodes nobody annotated."""
         rule = "-" * 100
         lines = [rule, "QUANTIZATION REPORT".center(100), rule]
+        if self.preset_choice:
+            lines.append(f"Preset: {self.preset_choice}")
         for d in self.decomposed:
             lines.append(f"Decomposed {d['node']} into {d['into']} ({d['why']})")
         for d in self.not_decomposed:

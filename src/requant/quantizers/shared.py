@@ -29,6 +29,10 @@ from requant.ir.traits import DATA_MOVEMENT, data_inputs
 from requant.quantizers.pattern_quantizer import QuantizeState
 from requant.quantizers.records import NodeDecision, QuantizerRecord
 
+# an embedding table whose rows only float ops read: stored as uint8 (a quarter of the bytes),
+# ONNX Runtime gathers uint8 rows and dequantizes just those
+_TABLE = QuantizationSpec("uint8")
+
 __all__ = ["SharedSpecQuantizer"]
 
 
@@ -95,6 +99,10 @@ class SharedSpecQuantizer:
         assert table is not None and table.name
         name, out = node.name or node.op_type, node.outputs[0]
         wanted = request(out)
+        note = "an embedding: the table is stored quantized with its reader's request, the rows share it"
+        if wanted is None and out.uses():  # read by float ops no quantizer kept float on purpose (a LayerNorm)
+            wanted = _TABLE
+            note = "an embedding read in float: the table is stored uint8, its rows are gathered and dequantized"
         if not isinstance(wanted, QuantizationSpec) or wanted.granularity != "per_tensor":
             reason = f"gathers from a constant table '{table.name}' (an embedding) whose rows are read as float"
             return NodeDecision([name], node.op_type, "rejected", reason)
@@ -102,7 +110,6 @@ class SharedSpecQuantizer:
             set_request(table, wanted)
         set_request(out, SharedSpec(table.name))
         state.mark(node, self.describe())
-        note = "an embedding: the table is stored quantized with its reader's request, the rows share it"
         return NodeDecision(
             [name],
             node.op_type,
