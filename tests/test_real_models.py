@@ -188,7 +188,7 @@ def test_minilm_with_float_outputs_keeps_its_embeddings() -> None:
     """UINT8_FLOAT_OUTPUTS on all-MiniLM-L6-v2: every linear layer int8, embeddings nearly unchanged.
 
     Measured (bench data, 200 calibration / 100 evaluation sentences): cosine 0.993 against 0.872
-    with the default preset, which also quantizes residual sums, softmax and attention products.
+    with the conv-net preset, which also quantizes residual sums, softmax and attention products.
     """
     from bench.bench_quantize import sentences
 
