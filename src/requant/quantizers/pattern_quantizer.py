@@ -25,9 +25,12 @@ from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.records import NodeDecision, QuantizerRecord
 from requant.targets.table import Match, Reject, SupportTable
 
-__all__ = ["ANNOTATED_KEY", "PatternQuantizer", "QuantizeState", "asks_for_int8"]
+__all__ = ["ANNOTATED_KEY", "KEPT_FLOAT_KEY", "PatternQuantizer", "QuantizeState", "asks_for_int8"]
 
 ANNOTATED_KEY = "requant.annotated_by"
+# on the nodes of a pattern the target rejected: why they stay float (lint tells these apart from
+# ops left float between a dequantize and a quantize by accident)
+KEPT_FLOAT_KEY = "requant.kept_float"
 # marks the ops of a pattern after its kernel when the kernel's output stays float (a bias Add after
 # MatMulIntegerToFloat): they compute in float by design
 _FLOAT_TAIL = " after a float output"
@@ -52,6 +55,7 @@ class QuantizeState:
         """``node`` is annotated by ``by`` (also recorded on the node, for the printer and later runs)."""
         self.annotated[node] = by
         node.metadata_props[ANNOTATED_KEY] = by
+        node.metadata_props.pop(KEPT_FLOAT_KEY, None)
 
     def already(self, node: ir.Node) -> NodeDecision | None:
         """The decision to record when an earlier quantizer annotated ``node``, else None."""
@@ -153,6 +157,9 @@ class PatternQuantizer:
             verdict = match.pattern.check(match, self.config)
             if isinstance(verdict, Reject):
                 record.decisions.append(NodeDecision(names, match.pattern.name, "rejected", str(verdict)))
+                for node in match.nodes:
+                    if node not in state.annotated:
+                        node.metadata_props[KEPT_FLOAT_KEY] = str(verdict)
                 continue
             notes: list[str] = []
             requests, outputs = port_requests(match, self.config, self.pattern_matcher.table, notes)

@@ -22,7 +22,7 @@ import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
-from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -46,6 +46,7 @@ class LintResult:
     qdq_pairs: list[str] = field(default_factory=list)
     dequantized_constants: list[str] = field(default_factory=list)
     asked_but_float: list[str] = field(default_factory=list)
+    kept_float: list[str] = field(default_factory=list)  # float between DQ and Q by a target's rule, with why
     op_counts: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -64,6 +65,7 @@ class LintResult:
             "leftover_quantize_dequantize_pairs": self.qdq_pairs,
             "dequantized_constants": self.dequantized_constants,
             "asked_to_be_quantized_but_float": self.asked_but_float,
+            "kept_float_by_decision": self.kept_float,
             "optimized_graph_ops": self.op_counts,
         }
 
@@ -80,6 +82,8 @@ class LintResult:
             lines.append(
                 f"asked to be quantized, but ONNX Runtime runs them in float: {', '.join(self.asked_but_float)}"
             )
+        if self.kept_float:
+            lines.append(f"kept float between DequantizeLinear and QuantizeLinear by decision: {len(self.kept_float)}")
         if self.dequantized_constants:
             lines.append(f"constants dequantized at run time: {len(self.dequantized_constants)}")
         return "\n".join(lines)
@@ -94,6 +98,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     """Load ``model`` in ONNX Runtime (CPU, extended optimizations) and read its optimized graph."""
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
     asked = {node.name: node.op_type for node in proto.graph.node if _asked(node)}
+    kept = {n.name: p.value for n in proto.graph.node for p in n.metadata_props if p.key == KEPT_FLOAT_KEY}
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -127,6 +132,8 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             result.asked_but_float.append(f"{asked[node.name]} '{node.name}' (runs as {node.op_type})")
         fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input)
         feeds = any(c.op_type == "QuantizeLinear" for o in node.output for c in consumers.get(o, []))
-        if fed and feeds:
+        if fed and feeds and node.name in kept:
+            result.kept_float.append(f"{node.op_type} '{label}': {kept[node.name]}")
+        elif fed and feeds:
             result.float_between_qdq.append(f"{node.op_type} '{label}'")
     return result

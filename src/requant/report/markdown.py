@@ -59,6 +59,7 @@ def _lint(lint: Mapping[str, Any]) -> list[str]:
         ("leftover_quantize_dequantize_pairs", "QuantizeLinear -> DequantizeLinear pairs with nothing fused"),
         ("dequantized_constants", "Constants dequantized at run time"),
         ("asked_to_be_quantized_but_float", "Nodes asked to be quantized that ONNX Runtime runs in float"),
+        ("kept_float_by_decision", "Ops kept float between DequantizeLinear and QuantizeLinear by a target rule"),
     ):
         items = lint.get(key) or []
         lines.append(f"{title}: {len(items)}.")
