@@ -80,6 +80,11 @@ class QuantizationConfig:
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def float_output(self) -> bool:
+        """Quantized inputs, a float output: a kernel like MatMulIntegerToFloat (``UINT8_FLOAT_OUTPUTS``)."""
+        return isinstance(self.input_activation, QuantizationSpec) and isinstance(self.output_activation, NoQuant)
+
 
 _U8 = QuantizationSpec("uint8", symmetric=False)
 _I8_WEIGHT = QuantizationSpec("int8", symmetric=True)

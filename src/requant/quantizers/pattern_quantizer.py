@@ -117,10 +117,7 @@ def port_requests(
     outputs = [o for o in match.nodes[-1].outputs if o.uses() or o.is_graph_output()]
     # a kernel with a float output (MatMulIntegerToFloat) asks nothing of it: a consumer may still
     # want it quantized (the next linear layer's input)
-    float_output = isinstance(config.input_activation, QuantizationSpec) and isinstance(
-        config.output_activation, NoQuant
-    )
-    if config.output_activation is not None and not float_output:
+    if config.output_activation is not None and not config.float_output:
         for out in outputs:
             requests[out] = config.output_activation
     return requests, outputs
@@ -170,8 +167,10 @@ class PatternQuantizer:
                     set_request(value, wanted)
                 shown = str(wanted) if existing is None or existing == wanted else f"{existing} (kept; asked {wanted})"
                 (decision.outputs if value in outputs else decision.inputs)[str(value.name)] = shown
-            float_output = isinstance(self.config.output_activation, NoQuant)
+            # the ops after the kernel compute in float whenever its output is float (also after a
+            # weight-only kernel, whose inputs are float too)
+            float_result = isinstance(self.config.output_activation, NoQuant)
             for i, node in enumerate(match.nodes):
-                state.mark(node, self.describe() + (_FLOAT_TAIL if float_output and i > 0 else ""))
+                state.mark(node, self.describe() + (_FLOAT_TAIL if float_result and i > 0 else ""))
             record.decisions.append(decision)
         return record

@@ -99,7 +99,7 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         verdict = _check_activation(spec, what)
         if not verdict.accepted:
             return verdict
-    if isinstance(config.input_activation, QuantizationSpec) and isinstance(config.output_activation, NoQuant):
+    if config.float_output:
         verdict = _check_float_output(match.nodes[0])
         if not verdict.accepted:
             return verdict
