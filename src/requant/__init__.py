@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from requant.errors import QuantTypeError, RequantError
+from requant._lazy_sympy import import_onnx_ir
+
+import_onnx_ir()  # before any module of requant imports onnx_ir: it would import sympy (0.4 s)
+
+from requant.errors import QuantTypeError, RequantError  # noqa: E402
 
 if TYPE_CHECKING:
     import onnx_ir as ir

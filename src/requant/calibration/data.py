@@ -41,40 +41,61 @@ def _inputs(model: ir.Model) -> list[ir.Value]:
 
 def check_sample(model: ir.Model, sample: Mapping[str, Any], where: str) -> Sample:
     """The sample as the model takes it, or a :class:`CalibrationError` naming the input."""
+    return _check(_specs(model), sample, where)
+
+
+_Spec = tuple[str, np.dtype[Any] | None, tuple[int | str, ...] | None]  # name, dtype, shape (str: symbolic)
+
+
+def _specs(model: ir.Model) -> list[_Spec]:
+    """What each input takes: read once per data set, not once per sample."""
+    return [
+        (
+            str(v.name),
+            np.dtype(v.dtype.numpy()) if v.dtype is not None else None,
+            tuple(d if isinstance(d, int) else str(d) for d in v.shape) if v.shape is not None else None,
+        )
+        for v in _inputs(model)
+    ]
+
+
+def _shape_text(shape: tuple[int | str, ...]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str) -> Sample:
     if not isinstance(sample, Mapping):
         raise CalibrationError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
-    inputs = _inputs(model)
-    names = {str(v.name) for v in inputs}
-    unknown = sorted(set(sample) - names)
-    if unknown:
-        raise CalibrationError(
-            f"{where}: the model has no input named {', '.join(map(repr, unknown))} "
-            f"(its inputs: {', '.join(sorted(names))})"
-        )
+    if len(sample) > len(specs) or any(name not in sample for name, _, _ in specs):
+        names = {name for name, _, _ in specs}
+        unknown = sorted(set(sample) - names)
+        if unknown:
+            raise CalibrationError(
+                f"{where}: the model has no input named {', '.join(map(repr, unknown))} "
+                f"(its inputs: {', '.join(sorted(names))})"
+            )
     out: Sample = {}
-    for value in inputs:
-        name = str(value.name)
+    for name, want_dtype, shape in specs:
         if name not in sample:
             raise CalibrationError(f"{where}: input '{name}' is missing")
         array = np.asarray(sample[name])
-        dtype = np.dtype(value.dtype.numpy()) if value.dtype is not None else array.dtype
-        if (np.issubdtype(dtype, np.floating) and np.issubdtype(array.dtype, np.number)) or (
-            np.issubdtype(dtype, np.integer) and np.issubdtype(array.dtype, np.integer)
-        ):
-            array = array.astype(dtype, copy=False)
-        elif array.dtype != dtype:
-            raise CalibrationError(f"{where}: input '{name}' expects {dtype}, got {array.dtype}")
-        if value.shape is not None:
-            if array.ndim != len(value.shape):
+        dtype = want_dtype if want_dtype is not None else array.dtype
+        if array.dtype != dtype:
+            if (dtype.kind == "f" and array.dtype.kind in "fiu") or (dtype.kind in "iu" and array.dtype.kind in "iu"):
+                array = array.astype(dtype)
+            else:
+                raise CalibrationError(f"{where}: input '{name}' expects {dtype}, got {array.dtype}")
+        if shape is not None:
+            if array.ndim != len(shape):
                 raise CalibrationError(
-                    f"{where}: input '{name}' expects rank {len(value.shape)} (shape {value.shape}), "
+                    f"{where}: input '{name}' expects rank {len(shape)} (shape {_shape_text(shape)}), "
                     f"got shape {array.shape}"
                 )
-            for axis, (want, got) in enumerate(zip(value.shape, array.shape, strict=True)):
+            for axis, (want, got) in enumerate(zip(shape, array.shape, strict=True)):
                 if isinstance(want, int) and want != got:
                     raise CalibrationError(
-                        f"{where}: input '{name}' expects size {want} on axis {axis} (shape {value.shape}), "
-                        f"got shape {array.shape}"
+                        f"{where}: input '{name}' expects size {want} on axis {axis} "
+                        f"(shape {_shape_text(shape)}), got shape {array.shape}"
                     )
         out[name] = array
     return out
@@ -144,10 +165,11 @@ def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
 def iter_samples(model: ir.Model, source: Any) -> Iterator[Sample]:
     """The checked samples of ``source`` for ``model``; an empty source is an error."""
     inputs = _inputs(model)
+    specs = _specs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None
     count = 0
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single)
     for count, raw in enumerate(raws, start=1):
-        yield check_sample(model, raw, f"calibration sample {count}")
+        yield _check(specs, raw, f"calibration sample {count}")
     if count == 0:
         raise CalibrationError("the calibration data set is empty")

@@ -74,8 +74,9 @@ class Observer:
 
 
 def _finite(array: Array) -> Array:
-    flat = np.asarray(array, dtype=np.float64)
-    return flat[np.isfinite(flat)] if not np.isfinite(flat).all() else flat
+    flat = np.asarray(array, dtype=np.float64).reshape(-1)
+    finite = np.isfinite(flat)
+    return flat if finite.all() else flat[finite]
 
 
 def _per_axis(array: Array, axis: int) -> tuple[Array, Array]:
@@ -97,12 +98,19 @@ class MinMaxObserver(Observer):
         if array.size == 0:
             return
         if self.axis is None:
-            values = _finite(array)
-            if values.size == 0:
-                return
-            lo, hi = np.array(values.min()), np.array(values.max())
-        else:
-            lo, hi = _per_axis(array, self.axis)
+            low, high = float(array.min()), float(array.max())
+            if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf somewhere: the finite ones
+                values = _finite(array)
+                if values.size == 0:
+                    return
+                low, high = float(values.min()), float(values.max())
+            if self.lo is not None and self.hi is not None:  # the common case, without numpy calls
+                if low >= self.lo and high <= self.hi:
+                    return
+                low, high = min(low, float(self.lo)), max(high, float(self.hi))
+            self.lo, self.hi = np.array(low), np.array(high)
+            return
+        lo, hi = _per_axis(array, self.axis)
         self.lo = lo if self.lo is None else np.fmin(self.lo, lo)
         self.hi = hi if self.hi is None else np.fmax(self.hi, hi)
 

@@ -154,7 +154,7 @@ def _observe(
             raise CalibrationError(f"calibration sample {count + 1}: ONNX Runtime failed: {exc}") from None
         for name, result in zip(group, results, strict=True):
             array = np.asarray(result)
-            if np.issubdtype(array.dtype, np.floating):
+            if array.dtype.kind == "f":
                 observers[name].update(array)
         del results
         count += 1
