@@ -75,6 +75,21 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert json.loads(report.read_text())["quantizers"]["quantizers"][0]["config"] == "INT8_PER_TENSOR"
     assert run_cli(*args, "--preset", "INT8_REDUCED_RANGE_WEIGHTS").returncode == 0
     assert json.loads(report.read_text())["quantizers"]["quantizers"][0]["config"] == "INT8_REDUCED_RANGE_WEIGHTS"
+    assert json.loads(report.read_text())["bias_correction"]["enabled"] is True
+
+
+def test_bias_correction_can_be_turned_off_in_the_file_or_by_flag(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nbias_correction = false\n')
+    assert read_config(config).bias_correction is False
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report)]
+    result = run_cli(*args, "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(report.read_text())["bias_correction"] == {"enabled": False, "kernels": []}
+    assert "bias correction" not in result.stdout
+    result = run_cli(*args, "--calib", str(DIGITS / "calib.npz"), "--no-bias-correction")
+    assert json.loads(report.read_text())["bias_correction"]["enabled"] is False
 
 
 def test_named_configs_and_module_params(tmp_path: Path) -> None:
@@ -126,6 +141,7 @@ activations = "float"
     [
         ('presets = "A16W8"', "unknown key 'presets'; known keys: calib, eval, output"),
         ("method = 3", "method: expected a string, got 3"),
+        ('bias_correction = "no"', "bias_correction: expected true or false"),
         ("calib = [", "is not valid TOML"),
         ('preset = "INT9"', "preset: unknown preset 'INT9'; known: A16W8"),
         ('[[override]]\nop_type = "Conv"\nnode = "a"\nconfig = "float"', "override 1: needs exactly one of op_type"),

@@ -1,7 +1,8 @@
 """requant's main job: ``quantize(model, calibration_data)``, and its steps for those who want to look between them.
 
 ``prepare`` (load, canonicalize, annotate) -> ``calibrate`` (observers over the data) ->
-``convert`` (propagate, write QDQ, lint). ``quantize`` runs them all and measures the result.
+``convert`` (propagate, write QDQ, correct biases, lint). ``quantize`` runs them all and measures
+the result.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import materialize_qdq
+from requant.calibration.bias_correction import DEFAULT_SAMPLES, correct_biases, float_parameters
 from requant.calibration.calibrate import calibrate as _calibrate
 from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
@@ -73,18 +75,29 @@ def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: P
     return _calibrate(model, data, method, progress)
 
 
-def convert(model: ir.Model) -> tuple[ir.Model, list[Any], LintResult]:
-    """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime."""
-    model, _, notes, lint_result = _convert(model)
+def convert(
+    model: ir.Model, bias_data: Any = None, bias_samples: int = DEFAULT_SAMPLES, progress: Progress | None = None
+) -> tuple[ir.Model, list[Any], LintResult]:
+    """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime.
+
+    With ``bias_data`` (calibration samples), the int32 biases of int8 convolutions and Gemms are
+    corrected on its first ``bias_samples`` samples (:mod:`requant.calibration.bias_correction`).
+    """
+    model, _, notes, lint_result, _ = _convert(model, bias_data, bias_samples, progress)
     return model, notes, lint_result
 
 
-def _convert(model: ir.Model) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult]:
-    """``convert``, also returning the quantized model serialized (once: lint and the report share it)."""
+def _convert(
+    model: ir.Model, bias_data: Any = None, bias_samples: int = DEFAULT_SAMPLES, progress: Progress | None = None
+) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult, list[Any]]:
+    """``convert``, also returning the quantized model serialized (once: lint and the report share it)
+    and the bias corrections."""
     notes = propagate(model)
+    floats = float_parameters(model) if bias_data is not None else {}
     model = materialize_qdq(model)
+    corrected = correct_biases(model, floats, bias_data, bias_samples, progress) if bias_data is not None else []
     proto = ir.serde.serialize_model(model)
-    return model, proto, notes, lint(proto)
+    return model, proto, notes, lint(proto), corrected
 
 
 def _session(proto: onnx.ModelProto) -> Any:
@@ -146,6 +159,7 @@ def quantize(
     progress: Progress | None = None,
     measure: bool = True,
     strict: bool = False,
+    bias_correction: bool = True,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -155,6 +169,8 @@ def quantize(
     quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
     ``measure=False`` skips the latency measurement (batch 1, before and after). ``strict``: a
     node a quantizer was asked to quantize but could not is an error naming it and the reason.
+    ``bias_correction``: give each int8 convolution's and Gemm's bias back the mean shift its
+    quantization caused, measured on the first 64 calibration samples (on by default).
     """
     started = time.perf_counter()
     prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
@@ -163,12 +179,18 @@ def quantize(
     float_proto = ir.serde.serialize_model(prepared) if measure or eval_data is not None else None
     float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
     chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
-    quantized, quantized_proto, notes, lint_result = _convert(prepared)
+    bias_data = calibration_data if bias_correction else None
+    bias_progress = progress or terminal_progress("correcting biases")
+    quantized, quantized_proto, notes, lint_result, corrected = _convert(prepared, bias_data, progress=bias_progress)
     report: dict[str, Any] = {
         "target": target,
         "quantizers": quantizer_report.to_json(),
         "calibrated": [c.__dict__ for c in chosen],
         "propagated": [n.__dict__ for n in notes],
+        "bias_correction": {
+            "enabled": bias_correction,
+            "kernels": [c.__dict__ for c in corrected],
+        },
         "lint": lint_result.to_json(),
         "size_bytes": {"float": float_size, "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
@@ -217,6 +239,12 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         lines.append(
             f"agreement with float: top-1 {ev['top1_agreement']:.4f}, cosine {ev['cosine_similarity']:.5f}, "
             f"SQNR {ev['sqnr_db']:.1f} dB"
+        )
+    kernels = report.get("bias_correction", {}).get("kernels")
+    if kernels:
+        largest = max(kernels, key=lambda k: k["max_shift"])
+        lines.append(
+            f"bias correction: {len(kernels)} kernels, largest shift {largest['max_shift']:.3g} ({largest['node']})"
         )
     lines.append(f"quantized in {report['quantize_seconds']:.1f} s")
     return "\n".join(lines)

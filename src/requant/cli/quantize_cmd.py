@@ -43,6 +43,13 @@ def register(commands: Any) -> None:
     sub.add_argument(
         "--strict", action="store_true", default=None, help="fail if a node asked to be quantized cannot be"
     )
+    sub.add_argument(
+        "--no-bias-correction",
+        dest="bias_correction",
+        action="store_false",
+        default=None,
+        help="keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
+    )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
     sub.set_defaults(run=run)
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, key in (
         ("output", "output"), ("calib", "calib"), ("eval", "eval"), ("target", "target"), ("method", "method"),
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
+        ("bias_correction", "bias_correction"),
     ):  # fmt: skip
         if getattr(args, flag) is not None:
             setattr(settings, key, getattr(args, flag))
@@ -92,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         output=settings.output,
         eval_data=_data(settings.eval, settings.images),
         strict=settings.strict,
+        bias_correction=settings.bias_correction,
     )
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])

@@ -129,6 +129,21 @@ def _ports(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _bias_correction(report: Mapping[str, Any]) -> list[str]:
+    section = report.get("bias_correction")
+    if not section:
+        return []
+    lines = ["## Bias correction", ""]
+    if not section.get("enabled"):
+        return [*lines, "Off.", ""]
+    rows = [
+        (f"`{k['node']}`", str(k["channels"]), f"{k['mean_shift']:.3g}", f"{k['max_shift']:.3g}")
+        for k in section.get("kernels", [])
+    ]
+    lines += ["Mean output shift each kernel's quantization caused, given back to its bias (float units).", ""]
+    return lines + (_table(("kernel", "channels", "mean shift", "largest shift"), rows) if rows else ["None.", ""])
+
+
 def to_markdown(report: Mapping[str, Any], title: str = "requant quantization report") -> str:
     """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
     lines = [f"# {title}", ""]
@@ -136,4 +151,5 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     lines += _lint(report["lint"])
     lines += _quantizers(report["quantizers"])
     lines += _ports(report)
+    lines += _bias_correction(report)
     return "\n".join(lines).rstrip("\n") + "\n"
