@@ -32,10 +32,19 @@ class PatternMatcher:
             nodes.append(nxt)
         return tuple(nodes)
 
-    def match(self, nodes: Iterable[ir.Node], taken: set[ir.Node] = frozenset()) -> tuple[list[Match], list[ir.Node]]:  # type: ignore[assignment]
-        """(matches, nodes no pattern covers), in graph order. Nodes in ``taken`` are left out of new matches."""
+    def match(
+        self,
+        nodes: Iterable[ir.Node],
+        taken: set[ir.Node] = frozenset(),  # type: ignore[assignment]
+        followers: Iterable[ir.Node] = (),
+    ) -> tuple[list[Match], list[ir.Node]]:
+        """(matches, nodes no pattern covers), in graph order. Nodes in ``taken`` are left out of new matches.
+
+        A match starts at one of ``nodes``; its later nodes may also be ``followers``: a Conv selected
+        by name still forms Conv+Relu with the Relu after it, as ONNX Runtime fuses them.
+        """
         candidates = [n for n in nodes if n not in taken]
-        allowed = set(candidates)
+        allowed = set(candidates) | (set(followers) - set(taken))
         covered: set[ir.Node] = set()
         matches: list[Match] = []
         unmatched: list[ir.Node] = []

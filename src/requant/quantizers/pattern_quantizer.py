@@ -50,6 +50,9 @@ class QuantizeState:
     """What the quantizers of one run share: which nodes are annotated, and by whom."""
 
     annotated: dict[ir.Node, str] = dataclasses.field(default_factory=dict)
+    # nodes the user's specific finders select (not the global one), and which quantizers select them:
+    # a pattern does not run on into a node another of them claims
+    claims: dict[ir.Node, set[str]] = dataclasses.field(default_factory=dict)
 
     def mark(self, node: ir.Node, by: str) -> None:
         """``node`` is annotated by ``by`` (also recorded on the node, for the printer and later runs)."""
@@ -142,7 +145,11 @@ class PatternQuantizer:
         record.selected = len(selected)
         fresh = [n for n in selected if n not in state.annotated]
         record.decisions.extend(d for node in selected if (d := state.already(node)) is not None)
-        matches, unmatched = self.pattern_matcher.match(fresh)
+        # a pattern may run on into nodes no quantizer has annotated yet (a Conv chosen by name takes
+        # its Relu along: the kernel is the unit), unless another specific finder selects them
+        me = self.describe()
+        followers = [n for n in model.graph if n not in state.annotated and state.claims.get(n, {me}) <= {me}]
+        matches, unmatched = self.pattern_matcher.match(fresh, followers=followers)
         for node in unmatched:
             if node.op_type in DATA_MOVEMENT:  # the shared-spec quantizer's business, not a rejection
                 record.selected -= 1

@@ -210,7 +210,12 @@ class Quantizer:
             name, why = choose_preset(model)
             report.preset_choice = f"{name} ({why})"
             log.info("preset %s: %s", name, why)
-        for quantizer in self.order(model):
+        ordered = self.order(model)
+        for quantizer in ordered:
+            if isinstance(quantizer, PatternQuantizer) and not isinstance(quantizer.node_finder, Global):
+                for node in quantizer.node_finder.find(model):
+                    state.claims.setdefault(node, set()).add(quantizer.describe())
+        for quantizer in ordered:
             record = quantizer.annotate(model, state)
             report.records.append(record)
             if record.selected == 0 and not isinstance(quantizer, SharedSpecQuantizer):
