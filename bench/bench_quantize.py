@@ -155,12 +155,13 @@ if tool == "requant":
     sys.path.insert(0, sys.argv[6])
     import requant.api
     from requant.quantizers import PRESETS, Quantizer
-    method, _, preset = method.partition("+")  # "mse+full": a method and a preset
+    method, _, preset = method.partition("+")  # "mse+full": a method and a preset; "mse+keep29": keep_float_below
+    keep = float(preset[4:]) if preset.startswith("keep") else None
     preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS", "full": "INT8_PER_CHANNEL_WEIGHTS",
               "floatout": "UINT8_FLOAT_OUTPUTS"}.get(preset, preset)  # fmt: skip
-    quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
+    quantizer = Quantizer().set_global(PRESETS[preset]) if preset and keep is None else None
     requant.api.quantize(model, samples, method=method, quantizer=quantizer, output=out,
-                         progress=lambda done, elapsed: None, measure=False)
+                         progress=lambda done, elapsed: None, measure=False, keep_float_below=keep)
 else:
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -273,6 +274,8 @@ def main() -> None:
             ]
             if name == "minilm":  # linear layers feeding float LayerNorm/GELU/residuals: float outputs
                 runs += [("requant", m) for m in ("minmax+floatout", "mse+floatout")]
+            else:  # conv nets: the convs whose int8 output is below 29 dB SQNR kept float
+                runs += [("requant", "mse+keep29")]
             runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile", "MinMax/folded")]
             for tool, method in runs:
                 out = folder / f"{name}.{tool}.{method.replace('/', '_')}.onnx"

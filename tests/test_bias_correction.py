@@ -80,3 +80,42 @@ def test_the_bundled_model_gets_closer_to_float_and_stays_deterministic(tmp_path
     first, second = (ir.to_proto(r.model).SerializeToString() for r in runs[True])
     assert first == second
     assert "bias correction: 3 kernels" in runs[True][0].report["summary"]
+
+
+def test_kernels_below_an_sqnr_threshold_are_kept_float() -> None:
+    """Each int8 kernel's SQNR against float is in the report; below ``keep_float_below`` it computes in float."""
+    plain = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
+    measured = {k["node"]: k["sqnr_db"] for k in plain.report["bias_correction"]["kernels"]}
+    assert set(measured) == {"node_conv2d", "node_conv2d_1", "node_linear"}
+    assert all(30 < db < 60 for db in measured.values())  # measured: 40.9 to 45.3 dB
+    worst = min(measured, key=measured.__getitem__)
+    assert worst == "node_conv2d_1"
+
+    # a threshold below every kernel changes nothing
+    same = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False, keep_float_below=min(measured.values()) - 1
+    )
+    assert ir.to_proto(same.model).SerializeToString() == ir.to_proto(plain.model).SerializeToString()
+    assert same.report["kept_float_below"]["kernels"] == []
+
+    kept = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx",
+        DIGITS / "calib.npz",
+        measure=False,
+        keep_float_below=measured[worst] + 0.01,
+        eval_data=DIGITS / "eval.npz",
+    )
+    report = kept.report
+    assert report["kept_float_below"] == {
+        "threshold_db": measured[worst] + 0.01,
+        "kernels": [{"node": worst, "sqnr_db": measured[worst]}],
+    }
+    # the kernel reads float, so the Conv+Relu before it, whose output it reads, is float too (by
+    # decision, with the reason); the classifier stays int8; lint reports no accident
+    assert report["lint"]["int8_kernels"] == {"QGemm": 1}
+    assert report["lint"]["asked_to_be_quantized_but_float"] == []
+    nodes = {n.name: n for n in kept.model.graph}
+    assert nodes["node_conv2d"].metadata_props["requant.kept_float"] == "its output relu is read in float"
+    assert nodes[worst].inputs[1].const_value is not None  # float weights, read directly
+    assert "kept float (SQNR below" in report["summary"] and worst in report["summary"]
+    assert report["evaluation"]["top1_agreement"] > 0.99

@@ -92,6 +92,18 @@ def test_bias_correction_can_be_turned_off_in_the_file_or_by_flag(tmp_path: Path
     assert json.loads(report.read_text())["bias_correction"]["enabled"] is False
 
 
+def test_keep_float_below_in_the_file_and_by_flag(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nkeep_float_below = 41\n')
+    assert read_config(config).keep_float_below == 41.0
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report)]
+    result = run_cli(*args, "--config", str(config), "--keep-float-below", "20")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(report.read_text())["kept_float_below"] == {"threshold_db": 20.0, "kernels": []}
+    assert "kernel SQNR against float: lowest" in result.stdout
+
+
 def test_named_configs_and_module_params(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(
@@ -142,6 +154,7 @@ activations = "float"
         ('presets = "A16W8"', "unknown key 'presets'; known keys: calib, eval, output"),
         ("method = 3", "method: expected a string, got 3"),
         ('bias_correction = "no"', "bias_correction: expected true or false"),
+        ('keep_float_below = "high"', "keep_float_below: expected a number of dB"),
         ("calib = [", "is not valid TOML"),
         ('preset = "INT9"', "preset: unknown preset 'INT9'; known: A16W8"),
         ('[[override]]\nop_type = "Conv"\nnode = "a"\nconfig = "float"', "override 1: needs exactly one of op_type"),

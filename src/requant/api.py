@@ -20,7 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import materialize_qdq
-from requant.calibration.bias_correction import DEFAULT_SAMPLES, correct_biases, float_parameters
+from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
 from requant.calibration.calibrate import calibrate as _calibrate
 from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
@@ -76,28 +76,77 @@ def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: P
 
 
 def convert(
-    model: ir.Model, bias_data: Any = None, bias_samples: int = DEFAULT_SAMPLES, progress: Progress | None = None
+    model: ir.Model,
+    bias_data: Any = None,
+    bias_samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+    correct: bool = True,
 ) -> tuple[ir.Model, list[Any], LintResult]:
     """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime.
 
-    With ``bias_data`` (calibration samples), the int32 biases of int8 convolutions and Gemms are
-    corrected on its first ``bias_samples`` samples (:mod:`requant.calibration.bias_correction`).
+    With ``bias_data`` (calibration samples), the int8 convolutions and Gemms are measured against
+    their float versions on its first ``bias_samples`` samples and, with ``correct``, their int32
+    biases corrected (:mod:`requant.calibration.bias_correction`).
     """
-    model, _, notes, lint_result, _ = _convert(model, bias_data, bias_samples, progress)
+    model, _, notes, lint_result, _ = _convert(model, bias_data, bias_samples, progress, correct)
     return model, notes, lint_result
 
 
 def _convert(
-    model: ir.Model, bias_data: Any = None, bias_samples: int = DEFAULT_SAMPLES, progress: Progress | None = None
-) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult, list[Any]]:
+    model: ir.Model,
+    bias_data: Any = None,
+    bias_samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+    correct: bool = True,
+) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult, list[BiasCorrection]]:
     """``convert``, also returning the quantized model serialized (once: lint and the report share it)
-    and the bias corrections."""
+    and the measured kernels."""
     notes = propagate(model)
     floats = float_parameters(model) if bias_data is not None else {}
     model = materialize_qdq(model)
-    corrected = correct_biases(model, floats, bias_data, bias_samples, progress) if bias_data is not None else []
+    kernels = correct_biases(model, floats, bias_data, bias_samples, progress, correct) if bias_data is not None else []
     proto = ir.serde.serialize_model(model)
-    return model, proto, notes, lint(proto), corrected
+    return model, proto, notes, lint(proto), kernels
+
+
+@dataclass
+class _Run:
+    """One pass of prepare -> calibrate -> convert."""
+
+    quantizer_report: QuantizerReport
+    float_proto: onnx.ModelProto | None
+    float_size: int
+    chosen: list[Any]
+    quantized: ir.Model
+    quantized_proto: onnx.ModelProto
+    notes: list[Any]
+    lint_result: LintResult
+    kernels: list[BiasCorrection]
+
+
+def _run(
+    model: Any,
+    quantizer: Quantizer,
+    target: str,
+    strict: bool,
+    data: Any,
+    method: str | None,
+    progress: Progress | None,
+    measure_kernels: bool,
+    correct: bool,
+    keep_float_proto: bool,
+    load_options: Mapping[str, Any],
+) -> _Run:
+    prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
+    # the float model serialized only where a float session needs it (held through calibration,
+    # it was MiniLM's largest allocation); otherwise just its size
+    float_proto = ir.serde.serialize_model(prepared) if keep_float_proto else None
+    float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
+    chosen = calibrate(prepared, data, method, progress or terminal_progress())
+    kernel_data = data if measure_kernels else None
+    kernel_progress = progress or terminal_progress("measuring kernels")
+    converted = _convert(prepared, kernel_data, progress=kernel_progress, correct=correct)
+    return _Run(quantizer_report, float_proto, float_size, chosen, *converted)
 
 
 def _session(proto: onnx.ModelProto) -> Any:
@@ -160,6 +209,7 @@ def quantize(
     measure: bool = True,
     strict: bool = False,
     bias_correction: bool = True,
+    keep_float_below: float | None = None,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -171,32 +221,44 @@ def quantize(
     node a quantizer was asked to quantize but could not is an error naming it and the reason.
     ``bias_correction``: give each int8 convolution's and Gemm's bias back the mean shift its
     quantization caused, measured on the first 64 calibration samples (on by default).
+    ``keep_float_below`` (dB): each int8 convolution and Gemm is measured against its float version
+    on those samples (its local SQNR, in the report); when some are below this, the model is
+    quantized again with those kernels kept float (a second pass: slower, more accurate).
     """
     started = time.perf_counter()
-    prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
-    # the float model serialized only where a float session needs it (held through calibration,
-    # it was MiniLM's largest allocation); otherwise just its size
-    float_proto = ir.serde.serialize_model(prepared) if measure or eval_data is not None else None
-    float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
-    chosen = calibrate(prepared, calibration_data, method, progress or terminal_progress())
-    bias_data = calibration_data if bias_correction else None
-    bias_progress = progress or terminal_progress("correcting biases")
-    quantized, quantized_proto, notes, lint_result, corrected = _convert(prepared, bias_data, progress=bias_progress)
+    quantizer = quantizer or Quantizer().set_global_by_model()
+    options = dict(load_options)
+    keep_float_proto = measure or eval_data is not None
+    measure_kernels = bias_correction or keep_float_below is not None
+    run = _run(model, quantizer, target, strict, calibration_data, method, progress, measure_kernels,
+               bias_correction, keep_float_proto, options)  # fmt: skip
+    low = [k for k in run.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
+    if low:
+        log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
+        again = _run(model, quantizer.with_float_nodes(k.node for k in low), target, strict, calibration_data,
+                     method, progress, measure_kernels, bias_correction, False, options)  # fmt: skip
+        again.float_proto, again.float_size = run.float_proto, run.float_size
+        run = again
+    quantized, quantized_proto, lint_result = run.quantized, run.quantized_proto, run.lint_result
     report: dict[str, Any] = {
         "target": target,
-        "quantizers": quantizer_report.to_json(),
-        "calibrated": [c.__dict__ for c in chosen],
-        "propagated": [n.__dict__ for n in notes],
+        "quantizers": run.quantizer_report.to_json(),
+        "calibrated": [c.__dict__ for c in run.chosen],
+        "propagated": [n.__dict__ for n in run.notes],
         "bias_correction": {
             "enabled": bias_correction,
-            "kernels": [c.__dict__ for c in corrected],
+            "kernels": [c.__dict__ for c in run.kernels],
+        },
+        "kept_float_below": {
+            "threshold_db": keep_float_below,
+            "kernels": [{"node": k.node, "sqnr_db": k.sqnr_db} for k in low],
         },
         "lint": lint_result.to_json(),
-        "size_bytes": {"float": float_size, "quantized": quantized_proto.ByteSize()},
+        "size_bytes": {"float": run.float_size, "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
     }
-    if float_proto is not None:
-        f_session, q_session = _session(float_proto), _session(quantized_proto)  # once: latency and evaluation
+    if run.float_proto is not None:
+        f_session, q_session = _session(run.float_proto), _session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
             report["latency_ms_batch1"] = {
@@ -241,10 +303,17 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"SQNR {ev['sqnr_db']:.1f} dB"
         )
     kernels = report.get("bias_correction", {}).get("kernels")
-    if kernels:
+    if kernels and report["bias_correction"].get("enabled"):
         largest = max(kernels, key=lambda k: k["max_shift"])
         lines.append(
             f"bias correction: {len(kernels)} kernels, largest shift {largest['max_shift']:.3g} ({largest['node']})"
         )
+    if kernels:
+        worst = min(kernels, key=lambda k: k["sqnr_db"])
+        lines.append(f"kernel SQNR against float: lowest {worst['sqnr_db']:.1f} dB ({worst['node']})")
+    kept = report.get("kept_float_below", {})
+    if kept.get("kernels"):
+        names = ", ".join(f"{k['node']} {k['sqnr_db']:.1f} dB" for k in kept["kernels"])
+        lines.append(f"kept float (SQNR below {kept['threshold_db']:g} dB): {len(kept['kernels'])} kernels: {names}")
     lines.append(f"quantized in {report['quantize_seconds']:.1f} s")
     return "\n".join(lines)

@@ -51,8 +51,8 @@ from requant.quantizers.quantizer import Quantizer, QuantParams
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
-_TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "images", "report",
-        "configs", "override", "module_params")  # fmt: skip
+_TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "keep_float_below",
+        "images", "report", "configs", "override", "module_params")  # fmt: skip
 _SELECTORS = ("op_type", "node", "node_regex", "module", "module_type")
 _PORTS = ("input_activation", "output_activation", "weight", "bias")
 
@@ -73,6 +73,7 @@ class RunSettings:
     preset: str | None = None  # None: the preset requant.quantizers.choose_preset picks for the model
     strict: bool = False
     bias_correction: bool = True
+    keep_float_below: float | None = None
     images: ImagePreprocessing | None = None
     report_json: str | None = None
     report_markdown: str | None = None
@@ -202,6 +203,10 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
             f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
         )
     settings.strict = _typed(data.get("strict", False), bool, f"{where}: strict", "true or false")
+    if "keep_float_below" in data:
+        settings.keep_float_below = float(
+            _typed(data["keep_float_below"], (int, float), f"{where}: keep_float_below", "a number of dB")
+        )
     settings.bias_correction = _typed(
         data.get("bias_correction", True), bool, f"{where}: bias_correction", "true or false"
     )

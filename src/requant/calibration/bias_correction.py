@@ -42,12 +42,17 @@ DEFAULT_SAMPLES = 64  # means settle quickly: MobileNetV2 with 32, 64 and 200 sa
 
 @dataclass(frozen=True)
 class BiasCorrection:
-    """What one kernel's bias became: its node, channels, and the shift (mean and largest, float units)."""
+    """One int8 kernel against its float version on the same inputs: its node, channels, the mean
+    shift of its outputs (mean and largest over channels, float units; given back to the bias when
+    ``corrected``), and its local SQNR (float output energy over the energy of the difference, dB:
+    the error of this kernel's own quantization, input and weights, before the bias correction)."""
 
     node: str
     channels: int
     mean_shift: float
     max_shift: float
+    sqnr_db: float
+    corrected: bool = True
 
 
 @dataclass
@@ -56,12 +61,15 @@ class _ChannelMean(Observer):
 
     total: npt.NDArray[np.float64] | None = None
     count: int = 0
+    energy: float = 0.0  # the sum of squares
 
     def update(self, array: npt.NDArray[Any]) -> None:
         axes = tuple(i for i in range(array.ndim) if i != 1)
         sums = array.sum(axis=axes, dtype=np.float64)
         self.total = sums if self.total is None else self.total + sums
         self.count += array.size // array.shape[1]
+        flat = array.reshape(-1)
+        self.energy += float(np.dot(flat, flat))
 
 
 def float_parameters(model: ir.Model) -> dict[str, ir.TensorProtocol]:
@@ -104,14 +112,15 @@ def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> lis
 
 def _probe(
     model: ir.Model, kernels: list[tuple[ir.Node, ir.Value, ir.Node]], floats: Mapping[str, ir.TensorProtocol]
-) -> tuple[ir.Model, list[str]]:
-    """A copy of ``model`` computing, per kernel, quantized output - float output (named in the list)."""
+) -> tuple[ir.Model, list[str], list[str]]:
+    """A copy of ``model`` computing, per kernel, quantized output - float output, and the float output
+    (the two lists of names)."""
     probe = ir.from_proto(ir.to_proto(model))
     position = {id(n): i for i, n in enumerate(model.graph)}
     nodes = list(probe.graph)
     values = {str(v.name): v for v in graph_values(probe.graph)}
     taken: set[str | None] = set(values)
-    names = []
+    names, references = [], []
     for kernel, x_float, _ in kernels:
         original = nodes[position[id(kernel)]]
         params = []
@@ -127,7 +136,8 @@ def _probe(
         reference.outputs[0].name = fresh_name(f"{kernel.name or kernel.op_type}_float", taken)
         probe.graph.extend([reference, diff])
         names.append(str(diff.outputs[0].name))
-    return probe, names
+        references.append(str(reference.outputs[0].name))
+    return probe, names, references
 
 
 def correct_biases(
@@ -136,28 +146,37 @@ def correct_biases(
     data: Any,
     samples: int = DEFAULT_SAMPLES,
     progress: Progress | None = None,
+    apply: bool = True,
 ) -> list[BiasCorrection]:
-    """Correct the int32 biases of ``model`` (QDQ, in place) on the first ``samples`` samples of ``data``."""
+    """Measure the int8 kernels of ``model`` (QDQ) on the first ``samples`` samples of ``data`` and, with
+    ``apply``, correct their int32 biases (in place)."""
     kernels = _candidates(model, floats)
     if not kernels or samples <= 0:
         return []
     subset = list(itertools.islice(iter_samples(model, data), samples))
-    probe, names = _probe(model, kernels, floats)
-    observers = {name: _ChannelMean() for name in names}
+    probe, names, references = _probe(model, kernels, floats)
+    observers = {name: _ChannelMean() for name in names + references}
     collect(probe, subset, observers, progress, optimize=True)
     done = []
-    for (kernel, _, bias_dq), name in zip(kernels, names, strict=True):
+    for (kernel, _, bias_dq), name, reference in zip(kernels, names, references, strict=True):
         observer = observers[name]
         if observer.total is None or not observer.count:
             continue
         shift = observer.total / observer.count
-        quantized = bias_dq.inputs[0]
-        assert quantized is not None and quantized.const_value is not None
-        scale = bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
-        old = quantized.const_value.numpy().astype(np.float64)
-        info = np.iinfo(np.int32)
-        new = np.clip(np.round(old - shift / scale), info.min, info.max).astype(np.int32)
-        quantized.const_value = ir.tensor(new, name=quantized.name)
+        signal = observers[reference].energy
+        sqnr = 10 * np.log10(signal / observer.energy) if observer.energy > 0 and signal > 0 else float("inf")
+        if apply:
+            quantized = bias_dq.inputs[0]
+            assert quantized is not None and quantized.const_value is not None
+            scale = bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
+            old = quantized.const_value.numpy().astype(np.float64)
+            info = np.iinfo(np.int32)
+            new = np.clip(np.round(old - shift / scale), info.min, info.max).astype(np.int32)
+            quantized.const_value = ir.tensor(new, name=quantized.name)
         magnitude = np.abs(shift)
-        done.append(BiasCorrection(str(kernel.name), len(shift), float(magnitude.mean()), float(magnitude.max())))
+        done.append(
+            BiasCorrection(
+                str(kernel.name), len(shift), float(magnitude.mean()), float(magnitude.max()), float(sqnr), apply
+            )
+        )
     return done

@@ -50,6 +50,13 @@ def register(commands: Any) -> None:
         default=None,
         help="keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
     )
+    sub.add_argument(
+        "--keep-float-below",
+        metavar="DB",
+        type=float,
+        help="keep float the int8 convolutions and Gemms whose output SQNR against float is below DB "
+        "(measured on 64 calibration samples; the model is quantized a second time)",
+    )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
     sub.set_defaults(run=run)
@@ -82,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, key in (
         ("output", "output"), ("calib", "calib"), ("eval", "eval"), ("target", "target"), ("method", "method"),
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
-        ("bias_correction", "bias_correction"),
+        ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"),
     ):  # fmt: skip
         if getattr(args, flag) is not None:
             setattr(settings, key, getattr(args, flag))
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         eval_data=_data(settings.eval, settings.images),
         strict=settings.strict,
         bias_correction=settings.bias_correction,
+        keep_float_below=settings.keep_float_below,
     )
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])

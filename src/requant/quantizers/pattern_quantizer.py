@@ -40,7 +40,7 @@ def asks_for_int8(annotated_by: str) -> bool:
     """Whether a node's ``ANNOTATED_KEY`` mark asks for it to run as (part of) an int8 kernel."""
     return (
         annotated_by.startswith("PatternQuantizer(")
-        and not annotated_by.endswith(", FLOAT)")
+        and not annotated_by.endswith((", FLOAT)", ", FLOAT_KERNEL)"))
         and not annotated_by.endswith(_FLOAT_TAIL)
     )
 
@@ -179,5 +179,17 @@ class PatternQuantizer:
             float_result = isinstance(self.config.output_activation, NoQuant)
             for i, node in enumerate(match.nodes):
                 state.mark(node, self.describe() + (_FLOAT_TAIL if float_result and i > 0 else ""))
+            # an int8 kernel whose output a consumer's config already asked to keep float cannot run
+            # as one (no int8 kernel has a float output but the float-output kind): float by decision
+            quantizing = isinstance(self.config.input_activation, QuantizationSpec)
+            forced = [f"its output {o.name} is read in float" for o in outputs if isinstance(request(o), NoQuant)]
+            forced += [
+                f"its input {v.name} is float"
+                for v, wanted in requests.items()
+                if v not in outputs and isinstance(wanted, QuantizationSpec) and isinstance(request(v), NoQuant)
+            ]
+            if forced and quantizing and not float_result and not self.config.float_output:
+                for node in match.nodes:
+                    node.metadata_props[KEPT_FLOAT_KEY] = "; ".join(forced)
             record.decisions.append(decision)
         return record

@@ -7,8 +7,9 @@ quantizer last. ``config=None`` keeps the selected nodes in float.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +98,10 @@ class _ModuleParamsFinder(NodeFinder):
         return f"ModuleParams({self.path!r})"
 
 
+# computes in float, reading float inputs; leaves its output to its consumers
+FLOAT_KERNEL = QuantizationConfig("FLOAT_KERNEL", input_activation=NoQuant(), weight=NoQuant(), bias=NoQuant())
+
+
 class Quantizer:
     """Compose quantizers; ``quantize(model)`` annotates the model and returns the report."""
 
@@ -147,6 +152,18 @@ class Quantizer:
         for path in sorted(paths, key=len):  # parents first: children, added later, apply first
             self.set_node_finder(_ModuleParamsFinder(path, paths), params[path].config(path))
         return self
+
+    def with_float_nodes(self, names: Iterable[str]) -> Quantizer:
+        """A copy of this quantizer that also computes the nodes named (exactly) in float, before all else.
+
+        Their weights and inputs stay float (so does what feeds them, when nothing else reads it);
+        their outputs get no request: a next int8 kernel still quantizes what it reads.
+        """
+        other = copy.copy(self)
+        other._added = list(self._added)
+        for name in names:
+            other.set_node_name(name, FLOAT_KERNEL)
+        return other
 
     def add_quantizer(self, quantizer: AnnotatingQuantizer) -> Quantizer:
         self._added.append(quantizer)

@@ -97,8 +97,8 @@ def _asked(node: onnx.NodeProto) -> bool:
 def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     """Load ``model`` in ONNX Runtime (CPU, extended optimizations) and read its optimized graph."""
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
-    asked = {node.name: node.op_type for node in proto.graph.node if _asked(node)}
     kept = {n.name: p.value for n in proto.graph.node for p in n.metadata_props if p.key == KEPT_FLOAT_KEY}
+    asked = {node.name: node.op_type for node in proto.graph.node if _asked(node) and node.name not in kept}
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

@@ -133,15 +133,23 @@ def _bias_correction(report: Mapping[str, Any]) -> list[str]:
     section = report.get("bias_correction")
     if not section:
         return []
-    lines = ["## Bias correction", ""]
-    if not section.get("enabled"):
-        return [*lines, "Off.", ""]
+    lines = ["## Kernels against float", ""]
     rows = [
-        (f"`{k['node']}`", str(k["channels"]), f"{k['mean_shift']:.3g}", f"{k['max_shift']:.3g}")
+        (f"`{k['node']}`", str(k["channels"]), f"{k['sqnr_db']:.1f}", f"{k['mean_shift']:.3g}", f"{k['max_shift']:.3g}")
         for k in section.get("kernels", [])
     ]
-    lines += ["Mean output shift each kernel's quantization caused, given back to its bias (float units).", ""]
-    return lines + (_table(("kernel", "channels", "mean shift", "largest shift"), rows) if rows else ["None.", ""])
+    corrected = "given back to its bias" if section.get("enabled") else "not corrected (bias correction off)"
+    lines += [
+        "Each int8 kernel against its float version on the same inputs: its output SQNR (dB) and the "
+        f"mean output shift its quantization caused (float units), {corrected}.",
+        "",
+    ]
+    lines += _table(("kernel", "channels", "SQNR dB", "mean shift", "largest shift"), rows) if rows else ["None.", ""]
+    kept = report.get("kept_float_below", {})
+    if kept.get("kernels"):
+        lines += [f"Kept float (SQNR below {kept['threshold_db']:g} dB, quantized a second time without them):", ""]
+        lines += [f"- `{k['node']}`: {k['sqnr_db']:.1f} dB" for k in kept["kernels"]] + [""]
+    return lines
 
 
 def to_markdown(report: Mapping[str, Any], title: str = "requant quantization report") -> str:
