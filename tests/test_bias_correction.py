@@ -87,7 +87,7 @@ def test_kernels_below_an_sqnr_threshold_are_kept_float() -> None:
     plain = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
     measured = {k["node"]: k["sqnr_db"] for k in plain.report["bias_correction"]["kernels"]}
     assert set(measured) == {"node_conv2d", "node_conv2d_1", "node_linear"}
-    assert all(30 < db < 60 for db in measured.values())  # measured: 40.9 to 45.3 dB
+    assert all(30 < db < 60 for db in measured.values())  # measured: 40.9, 43.6 and 52.7 dB
     worst = min(measured, key=measured.__getitem__)
     assert worst == "node_conv2d_1"
 
