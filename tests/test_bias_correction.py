@@ -119,3 +119,16 @@ def test_kernels_below_an_sqnr_threshold_are_kept_float() -> None:
     assert nodes[worst].inputs[1].const_value is not None  # float weights, read directly
     assert "kept float (SQNR below" in report["summary"] and worst in report["summary"]
     assert report["evaluation"]["top1_agreement"] > 0.99
+
+
+def test_a_second_calibration_reuses_the_statistics_of_the_first() -> None:
+    """keep_float_below's second pass does not run the data again for what the first observed."""
+    from requant.api import calibrate, prepare
+
+    cache: dict = {}
+    first, _ = prepare(DIGITS / "digits_cnn.onnx")
+    chosen = calibrate(first, DIGITS / "calib.npz", cache=cache)
+    second, _ = prepare(DIGITS / "digits_cnn.onnx")
+    again = calibrate(second, [], cache=cache)  # an empty data set: an error, were it read
+    assert [c.__dict__ for c in again] == [c.__dict__ for c in chosen]
+    assert cache["samples"] == 1347

@@ -70,9 +70,18 @@ def prepare(
     return model, quantizer.quantize(model, strict=strict)
 
 
-def calibrate(model: ir.Model, data: Any, method: str | None = None, progress: Progress | None = None) -> list[Any]:
-    """Calibrated types on every value that asks for a spec; returns what each observer chose."""
-    return _calibrate(model, data, method, progress)
+def calibrate(
+    model: ir.Model,
+    data: Any,
+    method: str | None = None,
+    progress: Progress | None = None,
+    cache: dict[Any, Any] | None = None,
+) -> list[Any]:
+    """Calibrated types on every value that asks for a spec; returns what each observer chose.
+
+    ``cache`` (a dict, filled here) lets a second calibration of the same model and data reuse the
+    statistics of the first."""
+    return _calibrate(model, data, method, progress, cache)
 
 
 def convert(
@@ -136,13 +145,14 @@ def _run(
     correct: bool,
     keep_float_proto: bool,
     load_options: Mapping[str, Any],
+    cache: dict[Any, Any],
 ) -> _Run:
     prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
     # the float model serialized only where a float session needs it (held through calibration,
     # it was MiniLM's largest allocation); otherwise just its size
     float_proto = ir.serde.serialize_model(prepared) if keep_float_proto else None
     float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
-    chosen = calibrate(prepared, data, method, progress or terminal_progress())
+    chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
     converted = _convert(prepared, kernel_data, progress=kernel_progress, correct=correct)
@@ -230,13 +240,14 @@ def quantize(
     options = dict(load_options)
     keep_float_proto = measure or eval_data is not None
     measure_kernels = bias_correction or keep_float_below is not None
+    cache: dict[Any, Any] = {}  # the second pass (keep_float_below) reuses the first one's statistics
     run = _run(model, quantizer, target, strict, calibration_data, method, progress, measure_kernels,
-               bias_correction, keep_float_proto, options)  # fmt: skip
+               bias_correction, keep_float_proto, options, cache)  # fmt: skip
     low = [k for k in run.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
         again = _run(model, quantizer.with_float_nodes(k.node for k in low), target, strict, calibration_data,
-                     method, progress, measure_kernels, bias_correction, False, options)  # fmt: skip
+                     method, progress, measure_kernels, bias_correction, False, options, cache)  # fmt: skip
         again.float_proto, again.float_size = run.float_proto, run.float_size
         run = again
     quantized, quantized_proto, lint_result = run.quantized, run.quantized_proto, run.lint_result

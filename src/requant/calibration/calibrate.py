@@ -64,11 +64,18 @@ def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, 
 
 
 def calibrate(
-    model: ir.Model, data: Any, method: str | None = None, progress: Progress | None = None
+    model: ir.Model,
+    data: Any,
+    method: str | None = None,
+    progress: Progress | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> list[Calibrated]:
     """Annotate every value that asks for a ``QuantizationSpec`` with its calibrated type.
 
     ``method`` replaces the observer of activation requests (weights always use min/max).
+    ``cache``: observers of an earlier calibration of the same model and data, by value name and
+    spec (filled here): a value asking what it asked then is not observed again, and when none is
+    new the data is not run at all.
     """
     graph = model.graph
     records: list[Calibrated] = []
@@ -89,8 +96,12 @@ def calibrate(
             observer: Observer = MinMaxObserver(spec.axis)
         else:
             observer = make_observer(spec)
-        pending[str(value.name)] = (value, spec, observer)
-    count = collect(model, data, {name: obs for name, (_, _, obs) in pending.items()}, progress)
+        pending[str(value.name)] = (value, spec, cache.get((str(value.name), spec), observer) if cache else observer)
+    fresh = {name: obs for name, (_, spec, obs) in pending.items() if cache is None or (name, spec) not in cache}
+    count = collect(model, data, fresh, progress) if fresh or cache is None else cache.get("samples", 0)
+    if cache is not None:
+        cache.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})
+        cache["samples"] = count
     for name, (value, spec, observer) in pending.items():
         try:
             t = observer.compute(spec, element_name(value.dtype) or "f32")
