@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from requant.backends import materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
-from requant.calibration.calibrate import calibrate as _calibrate
+from requant.calibration.calibrate import calibrate  # the step itself: observers over the data
 from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -68,20 +68,6 @@ def prepare(
     model, _ = run_passes(model, get_passes("canonicalize"))
     quantizer = quantizer or Quantizer().set_global_by_model()
     return model, quantizer.quantize(model, strict=strict)
-
-
-def calibrate(
-    model: ir.Model,
-    data: Any,
-    method: str | None = None,
-    progress: Progress | None = None,
-    cache: dict[Any, Any] | None = None,
-) -> list[Any]:
-    """Calibrated types on every value that asks for a spec; returns what each observer chose.
-
-    ``cache`` (a dict, filled here) lets a second calibration of the same model and data reuse the
-    statistics of the first."""
-    return _calibrate(model, data, method, progress, cache)
 
 
 def convert(
