@@ -112,3 +112,14 @@ def test_guard_on_real_exports(name: str) -> None:
             make_mobilenet_v2(), example_inputs=(images,), dynamic_shapes=({0: torch.export.Dim("batch")},)
         )
     _check(model)
+
+
+def test_an_index_out_of_a_shape_leaves_the_decision_to_the_folder() -> None:
+    """The guard does not fail on a Gather past the end of a shape; the folder runs and reports it."""
+    text = """<ir_version: 10, opset_import: ["" : 21]>
+        g (float[N,4] X) => (int64[1] Y) {
+            s = Shape(X)
+            i = Constant <value = int64[1] {5}> ()
+            Y = Gather <axis = 0> (s, i)
+        }"""
+    assert _may_fold(_before_folding(load_onnx_text(text, "gather_out_of_range")))

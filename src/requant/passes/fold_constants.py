@@ -82,7 +82,7 @@ def _may_fold(model: ir.Model) -> bool:
         if any(isinstance(a.value, ir.Graph) or a.type == ir.AttributeType.GRAPHS for a in node.attributes.values()):
             return True
         inputs = list(node.inputs)
-        if not inputs or all(v is not None and _constant(v) is not None for v in inputs):
+        if not inputs or all(v is not None and v.const_value is not None for v in inputs):
             return True
         if node.op_type in _RULE_OPS and (node.op_type not in ("Add", "Abs") or any(id(v) in known for v in inputs)):
             return True
@@ -97,21 +97,12 @@ def _may_fold(model: ir.Model) -> bool:
 _FOLDS: _ShapeValue = []  # _shape_value's answer (compared by identity) when the folder would replace the node
 
 
-def _constant(value: ir.Value) -> ir.TensorProtocol | None:
-    return value.const_value
-
-
-def _int_attr(node: ir.Node, name: str, default: int | None) -> int | None:
-    attr = node.attributes.get(name)
-    return default if attr is None else int(attr.value)
-
-
 def _values(value: ir.Value | None, known: dict[int, _ShapeValue]) -> _ShapeValue | None:
     if value is None:
         return None
     if id(value) in known:
         return known[id(value)]
-    tensor = _constant(value)
+    tensor = value.const_value
     if tensor is not None and tensor.dtype == ir.DataType.INT64 and len(tensor.shape) == 1:
         return [int(x) for x in tensor.numpy()]
     return None
@@ -124,13 +115,13 @@ def _shape_value(node: ir.Node, known: dict[int, _ShapeValue]) -> _ShapeValue | 
         shape = inputs[0].shape if inputs[0] is not None else None
         if shape is None:
             return None
-        dims = list(shape.dims)[_int_attr(node, "start", 0) : _int_attr(node, "end", None)]
+        dims = list(shape.dims)[node.attributes.get_int("start", 0) : node.attributes.get_int("end", None)]
         return _FOLDS if all(isinstance(d, int) for d in dims) else dims
     if op == "Concat":
         if len(inputs) == 1 or any(v is not None and v.shape is not None and 0 in v.shape.dims for v in inputs):
             return _FOLDS
         parts = [_values(v, known) for v in inputs]
-        if _int_attr(node, "axis", None) != 0 or any(p is None for p in parts):
+        if node.attributes.get_int("axis", None) != 0 or any(p is None for p in parts):
             return None
         return [d for p in parts for d in p]  # type: ignore[union-attr]
     if op in ("Reshape", "Squeeze"):
@@ -143,10 +134,13 @@ def _shape_value(node: ir.Node, known: dict[int, _ShapeValue]) -> _ShapeValue | 
         return data
     if op == "Gather":
         data = _values(inputs[0], known)
-        index = _constant(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
-        if data is None or index is None or _int_attr(node, "axis", 0) != 0 or len(index.shape) != 1:
+        index = inputs[1].const_value if len(inputs) > 1 and inputs[1] is not None else None
+        if data is None or index is None or node.attributes.get_int("axis", 0) != 0 or len(index.shape) != 1:
             return None
-        picked = [data[int(i)] for i in index.numpy()]
+        positions = [int(i) for i in index.numpy()]
+        if any(not -len(data) <= i < len(data) for i in positions):
+            return _FOLDS  # out of range: the folder reports it
+        picked = [data[i] for i in positions]
         return _FOLDS if all(isinstance(d, int) for d in picked) else picked
     return None
 
