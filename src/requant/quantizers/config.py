@@ -81,6 +81,14 @@ class QuantizationConfig:
         return self.name
 
     @property
+    def quantizes(self) -> bool:
+        """Whether the kernels it accepts compute in integers: their inputs or weights get quantized
+        (``FLOAT`` and ``FLOAT_KERNEL`` do not)."""
+        return isinstance(self.input_activation, (QuantizationSpec, FixedSpec)) or isinstance(
+            self.weight, QuantizationSpec
+        )
+
+    @property
     def float_output(self) -> bool:
         """Quantized inputs, a float output: a kernel like MatMulIntegerToFloat (``UINT8_FLOAT_OUTPUTS``)."""
         return isinstance(self.input_activation, QuantizationSpec) and isinstance(self.output_activation, NoQuant)

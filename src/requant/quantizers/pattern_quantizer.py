@@ -34,15 +34,13 @@ KEPT_FLOAT_KEY = "requant.kept_float"
 # marks the ops of a pattern after its kernel when the kernel's output stays float (a bias Add after
 # MatMulIntegerToFloat): they compute in float by design
 _FLOAT_TAIL = " after a float output"
+# marks the ops of a pattern whose config does not quantize (FLOAT, FLOAT_KERNEL)
+_IN_FLOAT = " in float"
 
 
 def asks_for_int8(annotated_by: str) -> bool:
     """Whether a node's ``ANNOTATED_KEY`` mark asks for it to run as (part of) an int8 kernel."""
-    return (
-        annotated_by.startswith("PatternQuantizer(")
-        and not annotated_by.endswith((", FLOAT)", ", FLOAT_KERNEL)"))
-        and not annotated_by.endswith(_FLOAT_TAIL)
-    )
+    return annotated_by.startswith("PatternQuantizer(") and not annotated_by.endswith((_FLOAT_TAIL, _IN_FLOAT))
 
 
 @dataclass
@@ -54,10 +52,11 @@ class QuantizeState:
     # a pattern does not run on into a node another of them claims
     claims: dict[ir.Node, set[str]] = dataclasses.field(default_factory=dict)
 
-    def mark(self, node: ir.Node, by: str) -> None:
-        """``node`` is annotated by ``by`` (also recorded on the node, for the printer and later runs)."""
+    def mark(self, node: ir.Node, by: str, in_float: bool = False) -> None:
+        """``node`` is annotated by ``by`` (also recorded on the node, for the printer and later runs;
+        there with ``_IN_FLOAT`` when its config does not quantize)."""
         self.annotated[node] = by
-        node.metadata_props[ANNOTATED_KEY] = by
+        node.metadata_props[ANNOTATED_KEY] = by + (_IN_FLOAT if in_float else "")
         node.metadata_props.pop(KEPT_FLOAT_KEY, None)
 
     def already(self, node: ir.Node) -> NodeDecision | None:
@@ -178,17 +177,17 @@ class PatternQuantizer:
             # weight-only kernel, whose inputs are float too)
             float_result = isinstance(self.config.output_activation, NoQuant)
             for i, node in enumerate(match.nodes):
-                state.mark(node, self.describe() + (_FLOAT_TAIL if float_result and i > 0 else ""))
+                tail = _FLOAT_TAIL if float_result and i > 0 else ""
+                state.mark(node, self.describe() + tail, in_float=not self.config.quantizes)
             # an int8 kernel whose output a consumer's config already asked to keep float cannot run
             # as one (no int8 kernel has a float output but the float-output kind): float by decision
-            quantizing = isinstance(self.config.input_activation, QuantizationSpec)
             forced = [f"its output {o.name} is read in float" for o in outputs if isinstance(request(o), NoQuant)]
             forced += [
                 f"its input {v.name} is float"
                 for v, wanted in requests.items()
                 if v not in outputs and isinstance(wanted, QuantizationSpec) and isinstance(request(v), NoQuant)
             ]
-            if forced and quantizing and not float_result and not self.config.float_output:
+            if forced and self.config.quantizes and not float_result and not self.config.float_output:
                 for node in match.nodes:
                     node.metadata_props[KEPT_FLOAT_KEY] = "; ".join(forced)
             record.decisions.append(decision)

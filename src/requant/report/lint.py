@@ -5,8 +5,8 @@ kernels became int8 kernels and which stayed float between a DequantizeLinear an
 QuantizeLinear (the "quantized model is slower than float" complaint), which QuantizeLinear ->
 DequantizeLinear pairs were left with nothing fused between them, which constants are
 dequantized at run time instead of being consumed by an int8 kernel, and, for a model requant
-wrote, which nodes a quantizer accepted (``requant.annotated_by`` on the node, a config that is
-not FLOAT) that ONNX Runtime still runs as a float op.
+wrote, which nodes a quantizer accepted (``requant.annotated_by`` on the node, for a config that
+quantizes) that ONNX Runtime still runs as a float op.
 """
 
 from __future__ import annotations
