@@ -124,11 +124,12 @@ def test_kernels_below_an_sqnr_threshold_are_kept_float() -> None:
 def test_a_second_calibration_reuses_the_statistics_of_the_first() -> None:
     """keep_float_below's second pass does not run the data again for what the first observed."""
     from requant.api import calibrate, prepare
+    from requant.calibration.calibrate import StatisticsCache
 
-    cache: dict = {}
+    cache = StatisticsCache()
     first, _ = prepare(DIGITS / "digits_cnn.onnx")
     chosen = calibrate(first, DIGITS / "calib.npz", cache=cache)
     second, _ = prepare(DIGITS / "digits_cnn.onnx")
     again = calibrate(second, [], cache=cache)  # an empty data set: an error, were it read
     assert [c.__dict__ for c in again] == [c.__dict__ for c in chosen]
-    assert cache["samples"] == 1347
+    assert cache.samples == 1347

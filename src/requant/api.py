@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from requant.backends import materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
-from requant.calibration.calibrate import calibrate  # the step itself: observers over the data
+from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
 from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -131,13 +131,17 @@ def _run(
     correct: bool,
     keep_float_proto: bool,
     load_options: Mapping[str, Any],
-    cache: dict[Any, Any],
+    cache: StatisticsCache,
+    float_info: tuple[onnx.ModelProto | None, int] | None = None,
 ) -> _Run:
+    """``float_info``: the float model (or None) and its size from an earlier run of the same model."""
     prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
-    # the float model serialized only where a float session needs it (held through calibration,
-    # it was MiniLM's largest allocation); otherwise just its size
-    float_proto = ir.serde.serialize_model(prepared) if keep_float_proto else None
-    float_size = float_proto.ByteSize() if float_proto is not None else serialized_size(prepared)
+    if float_info is None:
+        # the float model serialized only where a float session needs it (held through calibration,
+        # it was MiniLM's largest allocation); otherwise just its size
+        proto = ir.serde.serialize_model(prepared) if keep_float_proto else None
+        float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(prepared))
+    float_proto, float_size = float_info
     chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
@@ -223,19 +227,17 @@ def quantize(
     """
     started = time.perf_counter()
     quantizer = quantizer or Quantizer().set_global_by_model()
-    options = dict(load_options)
     keep_float_proto = measure or eval_data is not None
     measure_kernels = bias_correction or keep_float_below is not None
-    cache: dict[Any, Any] = {}  # the second pass (keep_float_below) reuses the first one's statistics
+    cache = StatisticsCache()  # the second pass (keep_float_below) reuses the first one's statistics
     run = _run(model, quantizer, target, strict, calibration_data, method, progress, measure_kernels,
-               bias_correction, keep_float_proto, options, cache)  # fmt: skip
+               bias_correction, keep_float_proto, load_options, cache)  # fmt: skip
     low = [k for k in run.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
-        again = _run(model, quantizer.with_float_nodes(k.node for k in low), target, strict, calibration_data,
-                     method, progress, measure_kernels, bias_correction, False, options, cache)  # fmt: skip
-        again.float_proto, again.float_size = run.float_proto, run.float_size
-        run = again
+        run = _run(model, quantizer.with_float_nodes(k.node for k in low), target, strict, calibration_data,
+                   method, progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
+                   (run.float_proto, run.float_size))  # fmt: skip
     quantized, quantized_proto, lint_result = run.quantized, run.quantized_proto, run.lint_result
     report: dict[str, Any] = {
         "target": target,

@@ -23,7 +23,7 @@ from requant.ir.queries import graph_values
 from requant.ir.requests import QuantizationSpec
 from requant.types import UniformType, from_range
 
-__all__ = ["Calibrated", "calibrate", "weight_type"]
+__all__ = ["Calibrated", "StatisticsCache", "calibrate", "weight_type"]
 
 
 @dataclass(frozen=True)
@@ -63,19 +63,26 @@ def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, 
         raise CalibrationError(f"weight '{name}': {exc}") from None
 
 
+@dataclass
+class StatisticsCache:
+    """The observers of earlier calibrations of one model and data set, by value name and spec."""
+
+    observers: dict[tuple[str, QuantizationSpec], Observer] = dataclasses.field(default_factory=dict)
+    samples: int = 0
+
+
 def calibrate(
     model: ir.Model,
     data: Any,
     method: str | None = None,
     progress: Progress | None = None,
-    cache: dict[Any, Any] | None = None,
+    cache: StatisticsCache | None = None,
 ) -> list[Calibrated]:
     """Annotate every value that asks for a ``QuantizationSpec`` with its calibrated type.
 
     ``method`` replaces the observer of activation requests (weights always use min/max).
-    ``cache``: observers of an earlier calibration of the same model and data, by value name and
-    spec (filled here): a value asking what it asked then is not observed again, and when none is
-    new the data is not run at all.
+    ``cache`` (filled here): a value asking what it asked in an earlier calibration of the same
+    model and data is not observed again, and when none is new the data is not run at all.
     """
     graph = model.graph
     records: list[Calibrated] = []
@@ -96,12 +103,14 @@ def calibrate(
             observer: Observer = MinMaxObserver(spec.axis)
         else:
             observer = make_observer(spec)
-        pending[str(value.name)] = (value, spec, cache.get((str(value.name), spec), observer) if cache else observer)
-    fresh = {name: obs for name, (_, spec, obs) in pending.items() if cache is None or (name, spec) not in cache}
-    count = collect(model, data, fresh, progress) if fresh or cache is None else cache.get("samples", 0)
+        known = cache.observers.get((str(value.name), spec)) if cache is not None else None
+        pending[str(value.name)] = (value, spec, known if known is not None else observer)
+    seen = cache.observers if cache is not None else {}
+    fresh = {name: obs for name, (_, spec, obs) in pending.items() if (name, spec) not in seen}
+    count = collect(model, data, fresh, progress) if fresh or cache is None else cache.samples
     if cache is not None:
-        cache.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})
-        cache["samples"] = count
+        cache.observers.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})
+        cache.samples = count
     for name, (value, spec, observer) in pending.items():
         try:
             t = observer.compute(spec, element_name(value.dtype) or "f32")
