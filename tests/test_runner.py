@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 
 from requant.calibration import MinMaxObserver
@@ -86,3 +89,84 @@ def test_a_large_model_is_observed_with_its_weights_mapped_not_copied() -> None:
     # loading from serialized bytes held the 256 MB weight two more times (the bytes, ONNX Runtime's copy)
     # measured: +256 MB (the mapped weight) against +512 MB when the session was built from bytes
     assert seen[0] - before < 384
+
+
+class _Shapes(MinMaxObserver):
+    """Min/max, and the shape of every update."""
+
+    def __init__(self, batchable: bool = True) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+        self.batchable = batchable
+
+    def update(self, array: np.ndarray) -> None:
+        self.shapes.append(array.shape)
+        super().update(array)
+
+
+def test_small_samples_of_one_shape_are_stacked_into_one_run() -> None:
+    model = load_onnx_text(MODEL)
+    observers = {name: _Shapes() for name in ("X", "Y")}
+    assert collect(model, samples(), observers) == 5
+    assert observers["Y"].shapes == [(10, 4)]  # five samples of two rows, one run
+    for name, observer in observers.items():
+        assert (float(observer.lo), float(observer.hi)) == expected(name)  # type: ignore[arg-type]
+
+
+def test_an_observer_that_is_not_batchable_sees_one_update_per_sample() -> None:
+    model = load_onnx_text(MODEL)
+    observers = {"X": _Shapes(), "Y": _Shapes(batchable=False)}
+    collect(model, samples(), observers)
+    assert observers["Y"].shapes == [(2, 4)] * 5
+    assert observers["X"].shapes == [(2, 4)] * 5  # the same runs feed every observer of the pass
+
+
+def test_samples_are_stacked_only_with_samples_of_the_same_shape() -> None:
+    model = load_onnx_text(MODEL.replace("float[N,4] X) => (float[N,4] Y)", "float[N,L] X) => (float[N,L] Y)"))
+    rng = np.random.default_rng(1)
+    data = [{"X": rng.standard_normal((1, length)).astype(np.float32)} for length in (3, 3, 5, 5, 5, 3)]
+    observer = _Shapes()
+    assert collect(model, data, {"Y": observer}) == 6
+    assert observer.shapes == [(2, 3), (3, 5), (1, 3)]
+    values = np.concatenate([np.maximum(s["X"], 0).reshape(-1) ** 2 for s in data])
+    assert (float(observer.lo), float(observer.hi)) == (float(values.min()), float(values.max()))  # type: ignore[arg-type]
+
+
+MIXING = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[N,4] X) => (float[N,4] Y) {
+    axes = Constant<value: tensor = int64[1] {0}>()
+    M = ReduceMean<keepdims: int = 1>(X, axes)
+    Y = Sub(X, M)
+}
+"""
+FIXED = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[N,4] X) => (float[2,4] Y) {
+    shape = Constant<value: tensor = int64[2] {2, 4}>()
+    Y = Reshape(X, shape)
+}
+"""
+
+
+def test_a_model_that_mixes_the_samples_of_a_batch_is_calibrated_one_sample_per_run(caplog: Any) -> None:
+    """Stacking would change the values (a mean over the batch): the first stacked run is checked
+    against its first sample alone, and the model then runs one sample at a time."""
+    model = load_onnx_text(MIXING)
+    observer = _Shapes()
+    with caplog.at_level(logging.INFO, logger="requant.calibration"):
+        assert collect(model, samples(), {"Y": observer}) == 5
+    assert "one sample per run" in caplog.text
+    centred = [s["X"] - s["X"].mean(axis=0, keepdims=True) for s in samples()]
+    values = np.concatenate(centred)
+    assert observer.shapes == [(2, 4)] * 5  # the stacked run's values were not observed
+    assert np.isclose(float(observer.lo), values.min()) and np.isclose(float(observer.hi), values.max())  # type: ignore[arg-type]
+
+
+def test_a_model_that_cannot_take_a_stacked_batch_is_calibrated_one_sample_per_run() -> None:
+    model = load_onnx_text(FIXED)
+    observer = _Shapes()
+    assert collect(model, samples(), {"Y": observer}) == 5
+    assert observer.shapes == [(2, 4)] * 5
+    xs = np.concatenate([s["X"] for s in samples()])
+    assert (float(observer.lo), float(observer.hi)) == (float(xs.min()), float(xs.max()))  # type: ignore[arg-type]

@@ -62,6 +62,7 @@ class _ChannelMean(Observer):
     total: npt.NDArray[np.float64] | None = None
     count: int = 0
     energy: float = 0.0  # the sum of squares
+    batchable = True
 
     def update(self, array: npt.NDArray[Any]) -> None:
         axes = tuple(i for i in range(array.ndim) if i != 1)

@@ -53,9 +53,14 @@ class CalibrationError(RequantError):
 
 
 class Observer:
-    """Statistics of one tensor; subclasses implement ``update``, ``merge`` and ``range``."""
+    """Statistics of one tensor; subclasses implement ``update``, ``merge`` and ``range``.
+
+    ``batchable``: the statistics depend on the values seen, not on how they were split into
+    updates, so the runner may stack several samples into one run (a subclass says so).
+    """
 
     axis: int | None = None
+    batchable = False
 
     def update(self, array: Array) -> None:
         raise NotImplementedError
@@ -93,6 +98,7 @@ class MinMaxObserver(Observer):
     axis: int | None = None
     lo: Array | None = None
     hi: Array | None = None
+    batchable = True
 
     def update(self, array: Array) -> None:
         if array.size == 0:
@@ -131,6 +137,7 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
     """Exponential moving averages of each update's min and max."""
 
     averaging_constant: float = 0.01
+    batchable = False  # an average of each update's extremes: one update per sample, as given
 
     def update(self, array: Array) -> None:
         batch = MinMaxObserver(self.axis)
@@ -211,6 +218,7 @@ class HistogramObserver(Observer):
     rule: str = "percentile"
     options: Mapping[str, Any] = field(default_factory=dict)
     histogram: Histogram = field(default_factory=Histogram)
+    batchable = True  # the bins' layout follows the order of updates; the counts, the values
 
     def __post_init__(self) -> None:
         self.histogram = Histogram(int(self.options.get("bins", 2048)))

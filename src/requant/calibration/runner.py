@@ -8,6 +8,7 @@ passes over the data (the data must then be re-iterable: a list, a path, a dict)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
-from requant.calibration.data import iter_samples
+from requant.calibration.data import Sample, iter_samples
 from requant.calibration.observers import CalibrationError, Observer
 from requant.ir.queries import graph_values
 
@@ -31,6 +32,9 @@ __all__ = ["Progress", "collect", "terminal_progress"]
 log = logging.getLogger("requant.calibration")
 
 Progress = Callable[[int, float], None]
+
+STACK_BYTES = 16 << 20  # observed bytes per run when samples are stacked
+MAX_STACK = 64  # samples per stacked run
 
 
 @dataclass
@@ -137,8 +141,94 @@ def collect(
     count = 0
     for group in groups:
         with _session(model, group, optimize) as session:
-            count = _observe(session, model, data, group, observers, progress)
+            count = _observe(session, model, data, group, observers, progress, min(STACK_BYTES, memory_budget))
     return count
+
+
+def _stackable(model: ir.Model) -> bool:
+    """Whether every input has a symbolic first dimension, along which samples can be stacked."""
+    inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+    shapes = [v.shape for v in inputs]
+    return bool(shapes) and all(s is not None and s.rank() > 0 and not isinstance(s[0], int) for s in shapes)
+
+
+def _rows(sample: Sample) -> int | None:
+    """The sample's size on the first axis, when all its inputs agree on one."""
+    sizes = {a.shape[0] if a.ndim else None for a in sample.values()}
+    return next(iter(sizes)) if len(sizes) == 1 else None
+
+
+def _same_rows(stacked: Any, alone: Any, rows: int, total: int) -> bool:
+    """Whether a tensor of a stacked run holds, in its first ``rows`` rows, what the first sample
+    gave alone (the model computes each sample on its own), up to the rounding of other kernels."""
+    stacked, alone = np.asarray(stacked), np.asarray(alone)
+    if stacked.shape == alone.shape:
+        part = stacked  # the same for every batch: a value computed from the weights only
+    elif alone.ndim and alone.shape[0] == rows and stacked.shape == (total, *alone.shape[1:]):
+        part = stacked[:rows]
+    else:
+        return False
+    if alone.dtype.kind != "f":
+        return bool(np.array_equal(part, alone))
+    scale = float(np.nanmax(np.abs(alone), initial=0.0)) if alone.size else 0.0
+    return bool(np.allclose(part, alone, rtol=1e-3, atol=1e-4 * scale + 1e-30, equal_nan=True))
+
+
+@dataclass
+class _Runs:
+    """Runs of the session on samples, stacked ``batch`` at a time, each result fed to its observer."""
+
+    session: ort.InferenceSession
+    group: list[str]
+    observers: Mapping[str, Observer]
+    batch: int = 1
+    done: int = 0  # samples observed
+    alone: tuple[Sample, list[Any]] | None = None  # a sample and its results from a run of its own
+    checked: bool = False  # a stacked run agreed with its first sample run alone
+
+    def feed(self, results: list[Any]) -> None:
+        for name, result in zip(self.group, results, strict=True):
+            array = np.asarray(result)
+            if array.dtype.kind == "f":
+                self.observers[name].update(array)
+
+    def run(self, sample: Sample, index: int) -> list[Any]:
+        try:
+            return list(self.session.run(self.group, sample))
+        except Exception as exc:  # ONNX Runtime reports shape and type errors this way
+            raise CalibrationError(f"calibration sample {index}: ONNX Runtime failed: {exc}") from None
+
+    def one_by_one(self, samples: list[Sample]) -> None:
+        for sample in samples:
+            self.feed(self.run(sample, self.done + 1))
+            self.done += 1
+
+    def stacked(self, samples: list[Sample]) -> None:
+        """Observe ``samples`` in one run. The first stacked run is checked against its first sample
+        run alone: a model that mixes the samples of a batch (a Reshape to a fixed batch size, an
+        input whose first axis is not a batch) runs this and later samples one by one."""
+        if len(samples) == 1:
+            self.one_by_one(samples)
+            return
+        stacked = {name: np.concatenate([s[name] for s in samples]) for name in samples[0]}
+        try:
+            results: list[Any] | None = list(self.session.run(self.group, stacked))
+        except Exception:  # a model that cannot take a stacked batch
+            results = None
+        if results is not None and not self.checked:
+            alone = self.alone[1] if self.alone and self.alone[0] is samples[0] else self.run(samples[0], self.done + 1)
+            rows, total = _rows(samples[0]) or 0, _rows(stacked) or 0
+            self.checked = all(_same_rows(s, a, rows, total) for s, a in zip(results, alone, strict=True))
+            self.alone = None
+            if not self.checked:
+                results = None
+        if results is None:
+            log.info("the model does not compute stacked samples one by one: calibrating one sample per run")
+            self.batch = 1
+            self.one_by_one(samples)
+            return
+        self.feed(results)
+        self.done += len(samples)
 
 
 def _observe(
@@ -148,20 +238,38 @@ def _observe(
     group: list[str],
     observers: Mapping[str, Observer],
     progress: Progress | None,
+    stack_bytes: int,
 ) -> int:
+    """Feed ``observers`` from runs on ``data``. Small samples of one shape are stacked along the
+    first axis, up to ``stack_bytes`` of observed tensors a run (one run per sample of a tiny model
+    is mostly call overhead), when the model's inputs have a symbolic first axis, every observer
+    is ``batchable``, and the first stacked run agrees with its first sample run alone."""
     start = time.perf_counter()
-    count = 0
-    for sample in iter_samples(model, data):
-        try:
-            results = session.run(group, sample)
-        except Exception as exc:  # ONNX Runtime reports shape and type errors this way
-            raise CalibrationError(f"calibration sample {count + 1}: ONNX Runtime failed: {exc}") from None
-        for name, result in zip(group, results, strict=True):
-            array = np.asarray(result)
-            if array.dtype.kind == "f":
-                observers[name].update(array)
-        del results
-        count += 1
+    runs = _Runs(session, group, observers)
+    samples = iter_samples(model, data)
+    if _stackable(model) and all(observers[name].batchable for name in group):
+        first = next(samples)
+        results = runs.run(first, 1)
+        runs.batch = max(1, min(MAX_STACK, stack_bytes // max(1, sum(np.asarray(r).nbytes for r in results))))
+        if runs.batch > 1:  # run again in the first stack; the results alone check that stack
+            runs.alone = (first, results)
+            samples = itertools.chain([first], samples)
+        else:
+            runs.feed(results)
+            runs.done = 1
+    pending: list[Sample] = []
+    shape: Any = None
+    for sample in samples:
+        key = tuple((name, a.shape[1:]) for name, a in sample.items()) if _rows(sample) else object()
+        if pending and (key != shape or len(pending) >= runs.batch):
+            runs.stacked(pending)
+            pending = []
+            if progress is not None:
+                progress(runs.done, time.perf_counter() - start)
+        shape = key
+        pending.append(sample)
+    if pending:
+        runs.stacked(pending)
         if progress is not None:
-            progress(count, time.perf_counter() - start)
-    return count
+            progress(runs.done, time.perf_counter() - start)
+    return runs.done
