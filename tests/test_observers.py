@@ -38,6 +38,19 @@ def test_nothing_observed_is_an_error() -> None:
             o.compute(spec(method))
 
 
+def test_histograms_count_the_finite_values_only_in_the_tensors_precision() -> None:
+    o = make_observer(spec("percentile"))
+    o.update(np.array([1.0, np.nan, -2.0, np.inf, 3.0], np.float32))
+    h = o.histogram  # type: ignore[attr-defined]
+    assert h.counts.sum() == 3 and (h.data_lo, h.data_hi) == (-2.0, 3.0)
+    x = RNG.standard_normal(100000).astype(np.float32)
+    single, double = make_observer(spec("percentile")), make_observer(spec("percentile"))
+    single.update(x), double.update(x.astype(np.float64))
+    # float32 bin indices: a value on a bin edge may fall on either side, nothing else moves
+    moved = np.abs(single.histogram.counts - double.histogram.counts).sum()  # type: ignore[attr-defined]
+    assert moved <= 4
+
+
 def test_minmax_merge_is_exact_and_histograms_merge_like_their_union() -> None:
     x = RNG.standard_normal(20000)
     a, b, whole = MinMaxObserver(), MinMaxObserver(), MinMaxObserver()

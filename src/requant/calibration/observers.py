@@ -185,13 +185,21 @@ class Histogram:
             self.lo, self.hi, self.counts = new_lo, new_hi, counts
 
     def update(self, values: Array) -> None:
-        values = _finite(values).reshape(-1)
+        values = np.asarray(values).reshape(-1)
         if values.size == 0:
             return
         lo, hi = float(values.min()), float(values.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN or Inf somewhere: the finite ones
+            values = _finite(values)
+            if values.size == 0:
+                return
+            lo, hi = float(values.min()), float(values.max())
         self.data_lo, self.data_hi = min(self.data_lo, lo), max(self.data_hi, hi)
         self._widen(lo, hi)
-        index = ((values - self.lo) * (self.bins / (self.hi - self.lo))).astype(np.int64)
+        # bin index in the values' own precision (float32 for float32 tensors: half the time of float64);
+        # a value on a bin edge may land on either side of it
+        kind = values.dtype if values.dtype.kind == "f" else np.dtype(np.float64)
+        index = ((values - kind.type(self.lo)) * kind.type(self.bins / (self.hi - self.lo))).astype(np.intp)
         np.clip(index, 0, self.bins - 1, out=index)
         self.counts += np.bincount(index, minlength=self.bins)
 
