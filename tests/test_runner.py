@@ -170,3 +170,31 @@ def test_a_model_that_cannot_take_a_stacked_batch_is_calibrated_one_sample_per_r
     assert observer.shapes == [(2, 4)] * 5
     xs = np.concatenate([s["X"] for s in samples()])
     assert (float(observer.lo), float(observer.hi)) == (float(xs.min()), float(xs.max()))  # type: ignore[arg-type]
+
+
+def test_a_large_sample_s_tensors_are_dropped_after_they_are_observed() -> None:
+    """A 32 MB observed tensor per sample runs one sample at a time, and no run's tensors outlive
+    their observation (the first sample's results, run alone to size the stacks, once stayed
+    alive through the whole loop: MobileNetV2 +50 MB peak)."""
+    import onnx_ir as ir
+
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["N", 1]))
+    shape = ir.Value(name="S", const_value=ir.tensor(np.array([1, 1 << 23], np.int64), name="S"))
+    node = ir.node("Expand", [x, shape], name="expand")
+    node.outputs[0].name = "Y"
+    graph = ir.Graph([x], node.outputs, nodes=[node], initializers=[shape], opset_imports={"": 21})
+    model = ir.Model(graph, ir_version=10)
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+
+    observer = _Shapes()
+    seen: list[float] = []
+    data = [{"X": np.full((1, 1), float(i), np.float32)} for i in range(6)]
+    before = rss_mb()
+    collect(model, data, {"Y": observer}, progress=lambda d, e: seen.append(rss_mb()))
+    assert observer.shapes == [(1, 1 << 23)] * 6 and (float(observer.lo), float(observer.hi)) == (0.0, 5.0)  # type: ignore[arg-type]
+    # measured: +41 MB (the session's 32 MB output buffer, the session); +74 MB when the loop held
+    # the first sample's results
+    assert max(seen) - before < 56, (before, seen)
