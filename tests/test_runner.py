@@ -32,6 +32,23 @@ def expected(name: str) -> tuple[float, float]:
     return float(values.min()), float(values.max())
 
 
+def _one_node(op: str, x_shape: list[int | str], constant: np.ndarray) -> Any:
+    """``Y = op(X, constant)``: X float of ``x_shape``, the constant an initializer."""
+    import onnx_ir as ir
+
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(x_shape))
+    c = ir.Value(name="C", const_value=ir.tensor(constant, name="C"))
+    node = ir.node(op, [x, c], name=op.lower())
+    node.outputs[0].name = "Y"
+    graph = ir.Graph([x], node.outputs, nodes=[node], initializers=[c], opset_imports={"": 21})
+    return ir.Model(graph, ir_version=10)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+
+
 def test_observers_see_exactly_their_tensors() -> None:
     model = load_onnx_text(MODEL)
     observers = {name: MinMaxObserver() for name in ("X", "A", "B", "Y")}
@@ -66,24 +83,13 @@ def test_observing_leaves_the_model_as_it_was() -> None:
 
 def test_a_large_model_is_observed_with_its_weights_mapped_not_copied() -> None:
     """A 256 MB weight: the session maps it from the temporary folder instead of copying it."""
-    import onnx_ir as ir
-
-    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 8192]))
-    weight = ir.Value(name="W", const_value=ir.tensor(np.full((8192, 8192), 1e-4, np.float32), name="W"))
-    node = ir.node("MatMul", [x, weight], name="mm")
-    node.outputs[0].name = "Y"
-    graph = ir.Graph([x], node.outputs, nodes=[node], initializers=[weight], opset_imports={"": 21})
-    model = ir.Model(graph, ir_version=10)
-
-    def rss_mb() -> float:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+    model = _one_node("MatMul", [1, 8192], np.full((8192, 8192), 1e-4, np.float32))
 
     observer = MinMaxObserver()
     seen: list[float] = []
-    before = rss_mb()
+    before = _rss_mb()
     collect(
-        model, [{"X": np.ones((1, 8192), np.float32)}], {"Y": observer}, progress=lambda d, e: seen.append(rss_mb())
+        model, [{"X": np.ones((1, 8192), np.float32)}], {"Y": observer}, progress=lambda d, e: seen.append(_rss_mb())
     )
     assert abs(float(observer.hi) - 0.8192) < 1e-5  # type: ignore[arg-type]
     # loading from serialized bytes held the 256 MB weight two more times (the bytes, ONNX Runtime's copy)
@@ -176,24 +182,13 @@ def test_a_large_sample_s_tensors_are_dropped_after_they_are_observed() -> None:
     """A 32 MB observed tensor per sample runs one sample at a time, and no run's tensors outlive
     their observation (the first sample's results, run alone to size the stacks, once stayed
     alive through the whole loop: MobileNetV2 +50 MB peak)."""
-    import onnx_ir as ir
-
-    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["N", 1]))
-    shape = ir.Value(name="S", const_value=ir.tensor(np.array([1, 1 << 23], np.int64), name="S"))
-    node = ir.node("Expand", [x, shape], name="expand")
-    node.outputs[0].name = "Y"
-    graph = ir.Graph([x], node.outputs, nodes=[node], initializers=[shape], opset_imports={"": 21})
-    model = ir.Model(graph, ir_version=10)
-
-    def rss_mb() -> float:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+    model = _one_node("Expand", ["N", 1], np.array([1, 1 << 23], np.int64))
 
     observer = _Shapes()
     seen: list[float] = []
     data = [{"X": np.full((1, 1), float(i), np.float32)} for i in range(6)]
-    before = rss_mb()
-    collect(model, data, {"Y": observer}, progress=lambda d, e: seen.append(rss_mb()))
+    before = _rss_mb()
+    collect(model, data, {"Y": observer}, progress=lambda d, e: seen.append(_rss_mb()))
     assert observer.shapes == [(1, 1 << 23)] * 6 and (float(observer.lo), float(observer.hi)) == (0.0, 5.0)  # type: ignore[arg-type]
     # measured: +41 MB (the session's 32 MB output buffer, the session); +74 MB when the loop held
     # the first sample's results

@@ -87,6 +87,7 @@ def calibrate(
     graph = model.graph
     records: list[Calibrated] = []
     pending: dict[str, tuple[ir.Value, QuantizationSpec, Observer]] = {}
+    fresh: dict[str, Observer] = {}
     values = graph_values(graph)
     for value in values:
         r = request(value)
@@ -99,14 +100,12 @@ def calibrate(
             records.append(Calibrated(str(value.name), str(t), "minmax", "weight"))
             continue
         spec = dataclasses.replace(r, observer=method) if method is not None else r
-        if spec.granularity != "per_tensor":
-            observer: Observer = MinMaxObserver(spec.axis)
-        else:
-            observer = make_observer(spec)
-        known = cache.observers.get((str(value.name), spec)) if cache is not None else None
-        pending[str(value.name)] = (value, spec, known if known is not None else observer)
-    seen = cache.observers if cache is not None else {}
-    fresh = {name: obs for name, (_, spec, obs) in pending.items() if (name, spec) not in seen}
+        name = str(value.name)
+        observer = cache.observers.get((name, spec)) if cache is not None else None
+        if observer is None:  # not observed in an earlier calibration: observed now
+            per_axis = spec.granularity != "per_tensor"
+            observer = fresh[name] = MinMaxObserver(spec.axis) if per_axis else make_observer(spec)
+        pending[name] = (value, spec, observer)
     count = collect(model, data, fresh, progress) if fresh or cache is None else cache.samples
     if cache is not None:
         cache.observers.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})

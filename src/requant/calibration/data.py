@@ -30,12 +30,13 @@ import onnx_ir as ir
 from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 
-__all__ = ["Sample", "check_sample", "iter_samples"]
+__all__ = ["Sample", "check_sample", "iter_samples", "model_inputs"]
 
 Sample = dict[str, npt.NDArray[Any]]
 
 
-def _inputs(model: ir.Model) -> list[ir.Value]:
+def model_inputs(model: ir.Model) -> list[ir.Value]:
+    """The inputs a sample feeds (not those that are initializers)."""
     return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
 
 
@@ -55,7 +56,7 @@ def _specs(model: ir.Model) -> list[_Spec]:
             np.dtype(v.dtype.numpy()) if v.dtype is not None else None,
             tuple(d if isinstance(d, int) else str(d) for d in v.shape) if v.shape is not None else None,
         )
-        for v in _inputs(model)
+        for v in model_inputs(model)
     ]
 
 
@@ -164,7 +165,7 @@ def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
 
 def iter_samples(model: ir.Model, source: Any) -> Iterator[Sample]:
     """The checked samples of ``source`` for ``model``; an empty source is an error."""
-    inputs = _inputs(model)
+    inputs = model_inputs(model)
     specs = _specs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None
     count = 0

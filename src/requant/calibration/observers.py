@@ -84,6 +84,20 @@ def _finite(array: Array) -> Array:
     return flat if finite.all() else flat[finite]
 
 
+def _extremes(array: Array) -> tuple[Array, float, float] | None:
+    """The array (its finite values, flat, when NaN or Inf is among them) and their smallest and
+    largest value; None when there is no finite value. One min and max in the common case."""
+    if array.size == 0:
+        return None
+    low, high = float(array.min()), float(array.max())
+    if math.isfinite(low) and math.isfinite(high):
+        return array, low, high
+    values = _finite(array)
+    if values.size == 0:
+        return None
+    return values, float(values.min()), float(values.max())
+
+
 def _per_axis(array: Array, axis: int) -> tuple[Array, Array]:
     moved = np.moveaxis(np.asarray(array, dtype=np.float64), axis, 0).reshape(array.shape[axis], -1)
     with np.errstate(invalid="ignore"):
@@ -104,12 +118,10 @@ class MinMaxObserver(Observer):
         if array.size == 0:
             return
         if self.axis is None:
-            low, high = float(array.min()), float(array.max())
-            if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf somewhere: the finite ones
-                values = _finite(array)
-                if values.size == 0:
-                    return
-                low, high = float(values.min()), float(values.max())
+            found = _extremes(array)
+            if found is None:
+                return
+            _, low, high = found
             if self.lo is not None and self.hi is not None:  # the common case, without numpy calls
                 if low >= self.lo and high <= self.hi:
                     return
@@ -185,15 +197,10 @@ class Histogram:
             self.lo, self.hi, self.counts = new_lo, new_hi, counts
 
     def update(self, values: Array) -> None:
-        values = np.asarray(values).reshape(-1)
-        if values.size == 0:
+        found = _extremes(np.asarray(values).reshape(-1))
+        if found is None:
             return
-        lo, hi = float(values.min()), float(values.max())
-        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN or Inf somewhere: the finite ones
-            values = _finite(values)
-            if values.size == 0:
-                return
-            lo, hi = float(values.min()), float(values.max())
+        values, lo, hi = found
         self.data_lo, self.data_hi = min(self.data_lo, lo), max(self.data_hi, hi)
         self._widen(lo, hi)
         # bin index in the values' own precision (float32 for float32 tensors: half the time of float64);

@@ -23,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
-from requant.calibration.data import Sample, iter_samples
+from requant.calibration.data import Sample, iter_samples, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
 from requant.ir.queries import graph_values
 
@@ -147,8 +147,7 @@ def collect(
 
 def _stackable(model: ir.Model) -> bool:
     """Whether every input has a symbolic first dimension, along which samples can be stacked."""
-    inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
-    shapes = [v.shape for v in inputs]
+    shapes = [v.shape for v in model_inputs(model)]
     return bool(shapes) and all(s is not None and s.rank() > 0 and not isinstance(s[0], int) for s in shapes)
 
 
@@ -258,19 +257,23 @@ def _observe(
             runs.feed(results)
             runs.done = 1
         del results  # a large model's tensors of one run (MobileNetV2: ~50 MB) are not kept through the loop
+    for stack in _stacks(samples, runs):
+        runs.stacked(stack)
+        if progress is not None:
+            progress(runs.done, time.perf_counter() - start)
+    return runs.done
+
+
+def _stacks(samples: Iterator[Sample], runs: _Runs) -> Iterator[list[Sample]]:
+    """Consecutive samples of one shape (but the first axis), at most ``runs.batch`` at a time."""
     pending: list[Sample] = []
     shape: Any = None
     for sample in samples:
         key = tuple((name, a.shape[1:]) for name, a in sample.items()) if _rows(sample) else object()
         if pending and (key != shape or len(pending) >= runs.batch):
-            runs.stacked(pending)
+            yield pending
             pending = []
-            if progress is not None:
-                progress(runs.done, time.perf_counter() - start)
         shape = key
         pending.append(sample)
     if pending:
-        runs.stacked(pending)
-        if progress is not None:
-            progress(runs.done, time.perf_counter() - start)
-    return runs.done
+        yield pending
