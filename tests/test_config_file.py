@@ -54,13 +54,13 @@ config = "float"
     records = report["quantizers"]["quantizers"]
     assert [(r["finder"], r["config"]) for r in records[:2]] == [
         ("ModulePath('classifier')", "FLOAT"),
-        ("Global()", "UINT8_PER_CHANNEL_WEIGHTS"),
+        ("Global()", "INT8_PER_CHANNEL_WEIGHTS"),
     ]
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert markdown.startswith("# requant quantization report\n")
     assert "| QLinearConv | 2 |" in markdown
     assert "| PatternQuantizer | ModulePath('classifier') | FLOAT | 1 | 1 | 0 | 0 |" in markdown
-    assert "| `features.3.weight_bn` | weight | minmax | `!quant.uniform<u8:f32:0, {0.00" in markdown
+    assert "| `features.3.weight_bn` | weight | minmax | `!quant.uniform<i8:f32:0, {0.0" in markdown
     assert "...` (32 values) |" in markdown  # long per-channel types are cut in the page, whole in the JSON
     assert (tmp_path / "out" / "digits_int8.onnx").is_file()
 

@@ -37,6 +37,26 @@ def test_quantize_the_bundled_model(tmp_path: Path) -> None:
     json.dumps(report)  # the report is JSON
 
 
+def test_targets_are_looked_up_by_name_and_the_latency_can_be_skipped(tmp_path: Path) -> None:
+    from requant.errors import RequantError
+
+    with pytest.raises(RequantError, match="unknown target 'onnxruntime-gpu'; known targets: onnxruntime-cpu, "):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", target="onnxruntime-gpu")
+    unknown = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(tmp_path / "x.onnx"), "--calib",
+                      str(DIGITS / "calib.npz"), "--target", "onnxruntime-gpu")  # fmt: skip
+    assert unknown.returncode == 2 and "invalid choice: 'onnxruntime-gpu'" in unknown.stderr
+    assert not (tmp_path / "x.onnx").exists()
+    report = tmp_path / "report.json"
+    ran = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(tmp_path / "v.onnx"), "--calib", str(DIGITS / "calib.npz"),
+                  "--target", "onnxruntime-cpu-vnni", "--no-measure", "--report-json", str(report))  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "latency" not in ran.stdout and "int8 weights: full range, exact on x86-64 CPUs with AVX-VNNI" in ran.stdout
+    data = json.loads(report.read_text())
+    assert data["target"] == "onnxruntime-cpu-vnni" and "latency_ms_batch1" not in data
+    assert {e["accumulation"] for e in data["weight_encoding"]["kernels"]} == {"int32"}
+    assert len(data["lint"]["saturation"]["can_saturate"]) == 3  # what lint says of it for CPUs without VNNI
+
+
 def test_the_same_inputs_give_the_same_bytes(tmp_path: Path) -> None:
     digests = []
     for i in range(2):
@@ -187,22 +207,13 @@ def test_the_int32_accumulator_keeps_room_for_the_products_beside_the_bias() -> 
     assert np.abs(y - (x @ weight + bias)).max() <= float(out["y_scale"]) + 0.05
 
 
-def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() -> None:
-    """The default preset's full 8-bit weights: ONNX Runtime's uint8 x uint8 GEMM has no int16 pair sums.
-
-    Every input at the top of its range and weights of +-1: each product is 255 x 127, so a pair of
-    them (64770) is far past int16. The kernel's output must equal float math on the dequantized
-    values to one output step.
-    """
+def _saturating_gemm() -> tuple[Any, np.ndarray, np.ndarray]:
+    """A Gemm whose full-range int8 weights would saturate every int16 pair: every input at the top of
+    its range and weights of +-1 (each product 255 x 127, a pair 64770, far past int16)."""
     import onnx
     import onnx.numpy_helper
     import onnx.parser
-    import onnx_ir as ir
-    import onnxruntime as ort
 
-    from requant.quantizers import DEFAULT_PRESET
-
-    assert DEFAULT_PRESET == "UINT8_PER_CHANNEL_WEIGHTS"
     k = 64
     weight = np.where(np.arange(k)[:, None] % 3 == np.arange(3), 1.0, -1.0).astype(np.float32)  # [K, 3]
     proto = onnx.parser.parse_model(
@@ -211,19 +222,96 @@ def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() 
     proto.graph.initializer.append(onnx.numpy_helper.from_array(weight, "w"))
     x = np.random.default_rng(0).uniform(0, 1, (16, k)).astype(np.float32)
     x[:4] = 1.0
-    result = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset(), measure=False)
-    assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
+    return proto, x, weight
+
+
+def _run_exactly(result: Any, x: np.ndarray, weight: np.ndarray, stored_offset: int) -> None:
+    """ONNX Runtime's output equals float math on the dequantized values to one output step (so no
+    pair saturated), and float math on the float weights to that plus the quantization error."""
+    import onnx.numpy_helper
+    import onnx_ir as ir
+    import onnxruntime as ort
+
     model = ir.to_proto(result.model)
     out = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    wq, wzp = out["w_quantized"], out["w_zero_point"]
-    assert wq.dtype == np.uint8 and (wzp == 128).all() and {int(wq.min()), int(wq.max())} == {1, 255}
+    wq = out["w_quantized"].astype(np.float64) - stored_offset
     xs, xzp = float(out["x_scale"]), int(out["x_zero_point"])
     xq = np.clip(np.round(x / xs) + xzp, 0, 255)
-    reference = ((xq - xzp) * xs) @ ((wq.astype(np.float64) - 128) * out["w_scale"])
+    reference = ((xq - xzp) * xs) @ (wq * out["w_scale"])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": x})
     assert np.abs(y - reference).max() <= float(out["y_scale"]) * 0.51
     assert np.abs(y - x @ weight).max() <= float(out["y_scale"]) + np.abs(x @ weight - reference).max()
+
+
+def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() -> None:
+    """uint8 weights: ONNX Runtime's uint8 x uint8 GEMM has no int16 pair sums."""
+    import onnx.numpy_helper
+    import onnx_ir as ir
+
+    from requant.quantizers import UINT8_PER_CHANNEL_WEIGHTS, Quantizer
+
+    proto, x, weight = _saturating_gemm()
+    quantizer = Quantizer().set_global(UINT8_PER_CHANNEL_WEIGHTS)
+    result = requant.api.quantize(proto, {"x": x}, quantizer=quantizer, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
+    wq, wzp = out["w_quantized"], out["w_zero_point"]
+    assert wq.dtype == np.uint8 and (wzp == 128).all() and {int(wq.min()), int(wq.max())} == {1, 255}
+    _run_exactly(result, x, weight, 128)
+
+
+def test_the_default_int8_weights_are_encoded_so_no_pair_can_saturate() -> None:
+    """The conv-net default: int8 weights, which would saturate pairs at full range, are stored so
+    that no pair can leave int16 for any uint8 input: ONNX Runtime's uint8 x int8 kernel is exact."""
+    import onnx.numpy_helper
+    import onnx_ir as ir
+
+    from requant.quantizers import DEFAULT_PRESET
+    from requant.types.accumulation import INT16_PAIRS
+
+    assert DEFAULT_PRESET == "INT8_PER_CHANNEL_WEIGHTS"
+    proto, x, weight = _saturating_gemm()
+    result = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset(), measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QGemm": 1}
+    (encoding,) = result.report["weight_encoding"]["kernels"]
+    assert encoding["encoding"] == "pair-safe" and encoding["rescaled"] == 3 and encoding["margin"] >= 0
+    assert encoding["why"] == "32 pairs in 3 channels could leave the int16 range (by up to 32002)"
+    wq = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}["w_quantized"]
+    assert wq.dtype == np.int8
+    assert INT16_PAIRS.overflow(wq.T, 0, 255).max() == 0  # Gemm [K, N]: the kernel's rows are its columns
+    _run_exactly(result, x, weight, 0)
+
+
+def test_lint_finds_the_kernels_that_can_saturate_and_their_worst_error(tmp_path: Path) -> None:
+    """Full-range int8 weights (the VNNI target's output) linted for CPUs without VNNI: the Gemm can
+    saturate, and the worst error lint predicts is what ONNX Runtime's kernel really does on the
+    input that drives every pair to its extreme (all inputs at the top of their range)."""
+    import onnx.numpy_helper
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    proto, x, _ = _saturating_gemm()
+    full = requant.api.quantize(proto, {"x": x}, target="onnxruntime-cpu-vnni", quantizer=conv_preset(), measure=False)
+    (encoding,) = full.report["weight_encoding"]["kernels"]
+    assert encoding["encoding"] == "full range" and encoding["accumulation"] == "int32"
+    (finding,) = full.report["lint"]["saturation"]["can_saturate"]
+    assert finding["op_type"] == "QGemm" and finding["pairs"] == 32 and finding["channels"] == 3
+    model = ir.to_proto(full.model)
+    worst = np.ones((1, 64), np.float32)  # every input stored as 255
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    reference = (worst @ (out["w_quantized"].astype(np.float64) * out["w_scale"]))[0]
+    (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": worst})
+    error = np.abs(y[0] - reference).max()
+    assert abs(error - finding["worst_error"]) <= float(out["y_scale"]), (error, finding)
+    path = tmp_path / "full.onnx"
+    full.save(path)
+    flagged = subprocess.run([sys.executable, "-m", "requant", "lint", str(path), "--strict"], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert flagged.returncode == 3
+    assert "can saturate on x86 CPUs without VNNI (int16 pair sums): 1 of 1 uint8 x int8 kernels" in flagged.stdout
+    safe = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset(), measure=False)
+    assert safe.report["lint"]["saturation"] == {**full.report["lint"]["saturation"], "can_saturate": []}
 
 
 def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:
@@ -423,7 +511,7 @@ def test_the_default_preset_follows_the_model() -> None:
     from requant.quantizers import INT8_PER_TENSOR, Quantizer
 
     conv = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False).report
-    why = "UINT8_PER_CHANNEL_WEIGHTS (linear layers: 1, convolutions: 2; int8 kernels with uint8 weights)"
+    why = "INT8_PER_CHANNEL_WEIGHTS (linear layers: 1, convolutions: 2; int8 kernels)"
     assert conv["quantizers"]["preset_choice"] == why and f"preset: {why}" in conv["summary"]
     rng = np.random.default_rng(0)
     proto = onnx.parser.parse_model(

@@ -25,16 +25,18 @@ from requant.calibration.calibrate import StatisticsCache, calibrate  # the step
 from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
-from requant.errors import RequantError
+from requant.calibration.weight_encoding import WeightEncoding
 from requant.frontends import load, save_onnx, serialized_size
 from requant.passes import get_passes, run_passes
 from requant.quantizers import Quantizer, QuantizerReport
+from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
+from requant.report.markdown import encoding_summary
+from requant.targets.registry import DEFAULT_TARGET, Target, get_target
 
 __all__ = ["QuantizedModel", "calibrate", "convert", "prepare", "quantize"]
 
 log = logging.getLogger("requant")
-TARGETS = ("onnxruntime-cpu",)
 
 
 @dataclass
@@ -51,23 +53,23 @@ class QuantizedModel:
 def prepare(
     source: Any,
     quantizer: Quantizer | None = None,
-    target: str = "onnxruntime-cpu",
+    target: str = DEFAULT_TARGET,
     strict: bool = False,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or the preset ``choose_preset`` picks for the model).
+    """Load, canonicalize and annotate (with ``quantizer``, or the preset ``choose_preset`` picks for
+    the model among the target's).
 
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
     ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
     """
-    if target not in TARGETS:
-        raise RequantError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    chosen = get_target(target)
     if isinstance(source, ir.Model):
         source = source.clone()
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
-    quantizer = quantizer or Quantizer().set_global_by_model()
-    return model, quantizer.quantize(model, strict=strict)
+    quantizer = quantizer or Quantizer(chosen.table).set_global_by_model()
+    return model, quantizer.quantize(model, strict=strict, presets=chosen.presets)
 
 
 def convert(
@@ -76,32 +78,44 @@ def convert(
     bias_samples: int = DEFAULT_SAMPLES,
     progress: Progress | None = None,
     correct: bool = True,
+    target: str = DEFAULT_TARGET,
 ) -> tuple[ir.Model, list[Any], LintResult]:
-    """Propagate shared, derived and fixed requests, write QDQ, and lint the result in ONNX Runtime.
+    """Propagate shared, derived and fixed requests, encode weights for the target's kernels, write
+    QDQ, and lint the result in ONNX Runtime.
 
     With ``bias_data`` (calibration samples), the int8 convolutions and Gemms are measured against
     their float versions on its first ``bias_samples`` samples and, with ``correct``, their int32
     biases corrected (:mod:`requant.calibration.bias_correction`).
     """
-    model, _, notes, lint_result, _ = _convert(model, bias_data, bias_samples, progress, correct)
-    return model, notes, lint_result
+    converted = _convert(model, get_target(target), bias_data, bias_samples, progress, correct)
+    return converted.model, converted.notes, converted.lint_result
+
+
+@dataclass
+class _Converted:
+    model: ir.Model
+    proto: onnx.ModelProto  # serialized once: lint and the report share it
+    notes: list[Any]
+    encodings: list[WeightEncoding]
+    lint_result: LintResult
+    kernels: list[BiasCorrection]
 
 
 def _convert(
     model: ir.Model,
+    target: Target,
     bias_data: Any = None,
     bias_samples: int = DEFAULT_SAMPLES,
     progress: Progress | None = None,
     correct: bool = True,
-) -> tuple[ir.Model, onnx.ModelProto, list[Any], LintResult, list[BiasCorrection]]:
-    """``convert``, also returning the quantized model serialized (once: lint and the report share it)
-    and the measured kernels."""
-    notes = propagate(model)
+) -> _Converted:
+    """``convert``, with what the report needs besides."""
+    propagation = propagate(model, target.kernels)
     floats = float_parameters(model) if bias_data is not None else {}
     model = materialize_qdq(model)
     kernels = correct_biases(model, floats, bias_data, bias_samples, progress, correct) if bias_data is not None else []
     proto = ir.serde.serialize_model(model)
-    return model, proto, notes, lint(proto), kernels
+    return _Converted(model, proto, propagation.notes, propagation.encodings, lint(proto), kernels)
 
 
 @dataclass
@@ -112,17 +126,13 @@ class _Run:
     float_proto: onnx.ModelProto | None
     float_size: int
     chosen: list[Any]
-    quantized: ir.Model
-    quantized_proto: onnx.ModelProto
-    notes: list[Any]
-    lint_result: LintResult
-    kernels: list[BiasCorrection]
+    converted: _Converted
 
 
 def _run(
     model: Any,
     quantizer: Quantizer,
-    target: str,
+    target: Target,
     strict: bool,
     data: Any,
     method: str | None,
@@ -135,7 +145,7 @@ def _run(
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
 ) -> _Run:
     """``float_info``: the float model (or None) and its size from an earlier run of the same model."""
-    prepared, quantizer_report = prepare(model, quantizer, target, strict, **load_options)
+    prepared, quantizer_report = prepare(model, quantizer, target.name, strict, **load_options)
     if float_info is None:
         # the float model serialized only where a float session needs it (held through calibration,
         # it was MiniLM's largest allocation); otherwise just its size
@@ -145,28 +155,8 @@ def _run(
     chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
-    converted = _convert(prepared, kernel_data, progress=kernel_progress, correct=correct)
-    return _Run(quantizer_report, float_proto, float_size, chosen, *converted)
-
-
-def _session(proto: onnx.ModelProto) -> Any:
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.log_severity_level = 3
-    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def _latency_ms(session: Any, sample: Mapping[str, np.ndarray], runs: int = 50) -> float:
-    for _ in range(5):
-        session.run(None, dict(sample))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, dict(sample))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
+    converted = _convert(prepared, target, kernel_data, progress=kernel_progress, correct=correct)
+    return _Run(quantizer_report, float_proto, float_size, chosen, converted)
 
 
 def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> dict[str, float]:
@@ -200,7 +190,7 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
 def quantize(
     model: Any,
     calibration_data: Any,
-    target: str = "onnxruntime-cpu",
+    target: str = DEFAULT_TARGET,
     quantizer: Quantizer | None = None,
     method: str | None = None,
     output: str | os.PathLike[str] | None = None,
@@ -217,7 +207,8 @@ def quantize(
     ``method`` overrides the calibration method of activations (``minmax``, ``percentile``,
     ``entropy``, ``mse``...). With ``eval_data`` the report compares the outputs of the float and
     quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
-    ``measure=False`` skips the latency measurement (batch 1, before and after). ``strict``: a
+    ``measure=False`` skips the latency measurement (batch 1, float and int8 runs interleaved for
+    at most two seconds, :mod:`requant.report.latency`). ``strict``: a
     node a quantizer was asked to quantize but could not is an error naming it and the reason.
     ``bias_correction``: give each int8 convolution's and Gemm's bias back the mean shift its
     quantization caused, measured on the first 64 calibration samples (on by default).
@@ -226,27 +217,35 @@ def quantize(
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     """
     started = time.perf_counter()
-    quantizer = quantizer or Quantizer().set_global_by_model()
+    chosen_target = get_target(target)
+    quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
     keep_float_proto = measure or eval_data is not None
     measure_kernels = bias_correction or keep_float_below is not None
     cache = StatisticsCache()  # the second pass (keep_float_below) reuses the first one's statistics
-    run = _run(model, quantizer, target, strict, calibration_data, method, progress, measure_kernels,
+    run = _run(model, quantizer, chosen_target, strict, calibration_data, method, progress, measure_kernels,
                bias_correction, keep_float_proto, load_options, cache)  # fmt: skip
-    low = [k for k in run.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
+    low = [k for k in run.converted.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
-        run = _run(model, quantizer.with_float_nodes(k.node for k in low), target, strict, calibration_data,
+        run = _run(model, quantizer.with_float_nodes(k.node for k in low), chosen_target, strict, calibration_data,
                    method, progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
                    (run.float_proto, run.float_size))  # fmt: skip
-    quantized, quantized_proto, lint_result = run.quantized, run.quantized_proto, run.lint_result
+    converted = run.converted
+    quantized, quantized_proto, lint_result = converted.model, converted.proto, converted.lint_result
     report: dict[str, Any] = {
         "target": target,
+        "target_description": chosen_target.description,
         "quantizers": run.quantizer_report.to_json(),
         "calibrated": [c.__dict__ for c in run.chosen],
-        "propagated": [n.__dict__ for n in run.notes],
+        "propagated": [n.__dict__ for n in converted.notes],
+        "weight_encoding": {
+            "kernel_model": chosen_target.kernels.name,
+            "exact_on": chosen_target.kernels.cpus,
+            "kernels": [e.__dict__ for e in converted.encodings],
+        },
         "bias_correction": {
             "enabled": bias_correction,
-            "kernels": [c.__dict__ for c in run.kernels],
+            "kernels": [c.__dict__ for c in converted.kernels],
         },
         "kept_float_below": {
             "threshold_db": keep_float_below,
@@ -257,13 +256,11 @@ def quantize(
         "quantize_seconds": time.perf_counter() - started,
     }
     if run.float_proto is not None:
-        f_session, q_session = _session(run.float_proto), _session(quantized_proto)  # once: latency and evaluation
+        f_session, q_session = session(run.float_proto), session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
-            report["latency_ms_batch1"] = {
-                "float": _latency_ms(f_session, sample),
-                "quantized": _latency_ms(q_session, sample),
-            }
+            float_ms, quantized_ms = interleaved_latency_ms([f_session, q_session], sample)
+            report["latency_ms_batch1"] = {"float": float_ms, "quantized": quantized_ms, "measured": "interleaved"}
         if eval_data is not None:
             report["evaluation"] = _agreement(quantized, f_session, q_session, eval_data)
     result = QuantizedModel(quantized, report)
@@ -279,6 +276,8 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     lines = [f"target: {report['target']}"]
     if report["quantizers"].get("preset_choice"):
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
+    if report.get("weight_encoding", {}).get("kernels"):
+        lines.append(f"int8 weights: {encoding_summary(report['weight_encoding'])}")
     lines += [
         lint_result.text(),
         f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "

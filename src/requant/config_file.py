@@ -48,6 +48,7 @@ from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
 from requant.quantizers.quantizer import Quantizer, QuantParams
+from requant.targets.registry import DEFAULT_TARGET, TARGETS, get_target
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
@@ -68,7 +69,7 @@ class RunSettings:
     calib: str | None = None
     eval: str | None = None
     output: str | None = None
-    target: str = "onnxruntime-cpu"
+    target: str = DEFAULT_TARGET
     method: str | None = None
     preset: str | None = None  # None: the preset requant.quantizers.choose_preset picks for the model
     strict: bool = False
@@ -85,7 +86,7 @@ class RunSettings:
         """The composite quantizer: the preset globally, module parameters, then the overrides (last wins)."""
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigFileError(f"unknown preset {self.preset!r}; known: {', '.join(sorted(PRESETS))}")
-        quantizer = Quantizer()
+        quantizer = Quantizer(get_target(self.target).table)
         if self.preset is None:
             quantizer.set_global_by_model()
         else:
@@ -202,6 +203,8 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         raise ConfigFileError(
             f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
         )
+    if settings.target not in TARGETS:
+        raise ConfigFileError(f"{where}: target: unknown target {settings.target!r}; known: {', '.join(TARGETS)}")
     settings.strict = _typed(data.get("strict", False), bool, f"{where}: strict", "true or false")
     if "keep_float_below" in data:
         settings.keep_float_below = float(

@@ -35,6 +35,7 @@ from requant.ir.annotations import (
     replace_value,
     set_quant_type,
     set_request,
+    stored_values,
 )
 from requant.ir.queries import fresh_name, graph_values, is_op
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
@@ -150,7 +151,8 @@ class _Builder:
 def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
     assert value.const_value is not None
     name = str(value.name)
-    stored = qcast(value.const_value.numpy(), t)
+    chosen = stored_values(value)  # a weight encoding's integers (requant.calibration.weight_encoding)
+    stored = chosen.astype(t.storage_type.numpy_dtype) if chosen is not None else qcast(value.const_value.numpy(), t)
     quantized = builder.initializer(f"{name}_quantized", stored, STORAGE_DTYPES[t.storage])
     # A per-channel type's text repeats every scale in decimal: ~1 MB of EfficientNet-Lite0's
     # 6.1 MB. The scale and zero-point initializers beside it hold the same numbers, so the saved

@@ -1,7 +1,9 @@
 """Propagate: resolve fixed, shared and derived requests into types, after calibration.
 
 In a fixed order that does not depend on which node or quantizer came first: fixed requests,
-then shared ones (each follows its chain to a value with a type), then derived ones (a bias:
+then shared ones (each follows its chain to a value with a type), then the target's constraint on
+int8 kernels' weights (:mod:`requant.calibration.weight_encoding`: no int16 pair may saturate),
+then derived ones (a bias:
 scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
 whose quantized value would not leave room in int32 for the kernel's accumulation (tiny weight
 scales: BN-folded dead channels) raises that channel's weight scale just enough, and says so.
@@ -20,16 +22,19 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
+from requant.calibration.weight_encoding import WeightEncoding, encode_weights, rescale_stored
 from requant.ir.annotations import element_name, quant_type, request, set_quant_type
 from requant.ir.queries import graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
+from requant.targets.kernels import KernelModel
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedType,
     UniformType,
+    with_scales,
 )
 
-__all__ = ["Propagated", "propagate"]
+__all__ = ["Propagated", "Propagation", "propagate"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -61,8 +66,20 @@ def _scales(t: UniformType) -> np.ndarray:
     raise CalibrationError(f"a bias can be derived from per-tensor or per-axis types, not {t}")
 
 
-def propagate(model: ir.Model) -> list[Propagated]:
-    """Give every value with a fixed, shared or derived request its type; returns what was done."""
+@dataclass(frozen=True)
+class Propagation:
+    """What propagation did: the types it gave (``notes``), and the weight encodings it chose."""
+
+    notes: list[Propagated]
+    encodings: list[WeightEncoding]
+
+
+def propagate(model: ir.Model, kernels: KernelModel | None = None) -> Propagation:
+    """Give every value with a fixed, shared or derived request its type; returns what was done.
+
+    With a target's ``kernels`` model, the weights of its int8 kernels are checked (and where they
+    could saturate, re-encoded) before the biases are derived from their scales.
+    """
     graph = model.graph
     values = graph_values(graph)
     by_name = {str(v.name): v for v in values if v.name}
@@ -99,6 +116,8 @@ def propagate(model: ir.Model) -> list[Propagated]:
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), str(shared), f"shared with '{source.name}'"))
 
+    encodings = encode_weights(model, kernels) if kernels is not None else []
+
     for value in values:
         r = request(value)
         if not isinstance(r, DerivedSpec):
@@ -129,8 +148,9 @@ def propagate(model: ir.Model) -> list[Propagated]:
                 wtype = types[-1]
                 factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
                 new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
-                adjusted = _with_scales(wtype, new_scales)
+                adjusted = with_scales(wtype, new_scales)
                 set_quant_type(weight, adjusted)
+                rescale_stored(weight, wtype, adjusted)
                 scale = scale * factor
                 notes.append(
                     Propagated(
@@ -150,25 +170,4 @@ def propagate(model: ir.Model) -> list[Propagated]:
             derived = UniformQuantizedPerAxisType(storage, expressed, 0, [float(s) for s in scale])
         set_quant_type(value, derived)
         notes.append(Propagated(str(value.name), str(derived), f"product of the scales of {', '.join(r.sources)}"))
-    return notes
-
-
-def _at_least(scale: float, expressed: str) -> float:
-    """``scale`` rounded up to the expressed type (f32 scales are what the model stores)."""
-    if expressed != "f32":
-        return scale
-    rounded = np.float32(scale)
-    if float(rounded) < scale:
-        rounded = np.nextafter(rounded, np.float32(np.inf))
-    return float(rounded)
-
-
-def _with_scales(t: UniformType, scales: np.ndarray) -> UniformType:
-    if isinstance(t, UniformQuantizedType):
-        scale = _at_least(float(scales.max()), t.expressed)
-        return UniformQuantizedType(t.storage, t.expressed, scale, t.zero_point, t.storage_min, t.storage_max)
-    assert isinstance(t, UniformQuantizedPerAxisType)
-    rounded = [_at_least(float(s), t.expressed) for s in scales]
-    return UniformQuantizedPerAxisType(
-        t.storage, t.expressed, t.axis, rounded, t.zero_points, t.storage_min, t.storage_max
-    )
+    return Propagation(notes, encodings)

@@ -11,6 +11,7 @@ from typing import Any
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
 from requant.errors import RequantError
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
+from requant.targets.registry import DEFAULT_TARGET, TARGETS
 
 __all__ = ["register"]
 
@@ -28,13 +29,18 @@ def register(commands: Any) -> None:
         "--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder of images"
     )
     sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
-    sub.add_argument("--target", help="the target (default: onnxruntime-cpu)")
+    sub.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        help=f"what the model is for (default: {DEFAULT_TARGET}, exact on every x86-64 CPU; onnxruntime-cpu-vnni: "
+        "full-range int8 weights for CPUs with VNNI, see docs/targets.md)",
+    )
     sub.add_argument("--method", help="calibration method for activations: minmax, percentile, entropy, mse, ...")
     sub.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help=f"the global config (default: {DEFAULT_PRESET} for conv nets, {LINEAR_DEFAULT_PRESET} for models with "
-        "more linear layers than convolutions)",
+        help=f"the global config (default, on {DEFAULT_TARGET}: {DEFAULT_PRESET} for conv nets, "
+        f"{LINEAR_DEFAULT_PRESET} for models with more linear layers than convolutions)",
     )
     sub.add_argument(
         "--images", choices=sorted(IMAGE_PRESETS), help="preprocessing of image folders given as --calib/--eval"
@@ -56,6 +62,12 @@ def register(commands: Any) -> None:
         type=float,
         help="keep float the int8 convolutions and Gemms whose output SQNR against float is below DB "
         "(measured on 64 calibration samples; the model is quantized a second time)",
+    )
+    sub.add_argument(
+        "--no-measure",
+        dest="measure",
+        action="store_false",
+        help="skip the latency measurement (float and int8 runs interleaved, at most 2 s)",
     )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
@@ -109,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         strict=settings.strict,
         bias_correction=settings.bias_correction,
         keep_float_below=settings.keep_float_below,
+        measure=args.measure,
     )
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])

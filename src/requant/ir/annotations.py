@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.errors import QuantTypeError, RequantError
@@ -37,6 +39,8 @@ __all__ = [
     "request",
     "set_quant_type",
     "set_request",
+    "set_stored_values",
+    "stored_values",
     "tensor_type_of",
     "transfer_annotation",
 ]
@@ -45,6 +49,7 @@ PROP_KEY = "requant.type"
 REQUEST_KEY = "requant.request"
 _META_KEY = "requant.quant_type"
 _META_REQUEST = "requant.request"
+_META_STORED = "requant.stored_values"
 
 # ONNX element types in MLIR's spelling (the ones a quantized type can describe).
 ELEMENT_NAMES: dict[ir.DataType, str] = {
@@ -141,6 +146,24 @@ def set_quant_type(value: ir.Value, t: QuantizedType | None, text: bool = True) 
             raise TypeError(f"expected a quantized type from requant.types, got {type(t).__name__}")
         check_annotation(value, t)
     _store(value, _META_KEY, PROP_KEY, t, text)
+
+
+def stored_values(value: ir.Value) -> npt.NDArray[np.integer[Any]] | None:
+    """The integers a quantized constant is to be stored as, when a step chose them (a weight
+    encoding that is not plain rounding); None: ``qcast`` with its type decides."""
+    stored = value.meta.get(_META_STORED)
+    return stored if isinstance(stored, np.ndarray) else None
+
+
+def set_stored_values(value: ir.Value, stored: npt.NDArray[np.integer[Any]] | None) -> None:
+    """Fix the integers ``value`` (a constant with a quantized type) is stored as; None removes them.
+    In memory only: the saved model holds them as the quantized initializer itself."""
+    if stored is None:
+        value.meta.pop(_META_STORED, None)
+        return
+    if value.const_value is None or tuple(stored.shape) != tuple(value.const_value.shape.numpy()):
+        raise AnnotationError(f"value '{value.name}': stored values of shape {stored.shape} do not fit it")
+    value.meta[_META_STORED] = stored
 
 
 def request(value: ir.Value) -> Request | None:

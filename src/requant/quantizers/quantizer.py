@@ -44,6 +44,11 @@ log = logging.getLogger("requant.quantizers")
 FLOAT = QuantizationConfig("FLOAT", NoQuant(), NoQuant(), NoQuant(), NoQuant())
 
 
+def _given(presets: tuple[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """``choose_preset``'s optional argument: the presets when given, none (its defaults) otherwise."""
+    return () if presets is None else (presets,)
+
+
 class StrictQuantizationError(RequantError):
     """Strict mode: a node asked to be quantized could not be; names the node and the reason."""
 
@@ -169,17 +174,20 @@ class Quantizer:
         self._added.append(quantizer)
         return self
 
-    def order(self, model: ir.Model | None = None) -> list[AnnotatingQuantizer]:
-        """The quantizers in the order they apply (to ``model``, when the global preset depends on it)."""
+    def order(self, model: ir.Model | None = None, presets: tuple[str, str] | None = None) -> list[AnnotatingQuantizer]:
+        """The quantizers in the order they apply (to ``model``, when the global preset depends on it;
+        ``presets``: a target's, for conv nets and linear models, see ``choose_preset``)."""
         ordered: list[AnnotatingQuantizer] = list(reversed(self._added))
         if self._global is not None:
             ordered.append(self._global)
         elif self._global_by_model and model is not None:
-            ordered.append(self._pattern(Global(), PRESETS[choose_preset(model)[0]]))
+            ordered.append(self._pattern(Global(), PRESETS[choose_preset(model, *_given(presets))[0]]))
         ordered.append(self._shared)
         return ordered
 
-    def decompose(self, model: ir.Model) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    def decompose(
+        self, model: ir.Model, presets: tuple[str, str] | None = None
+    ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
         """The first run: rewrite the nodes a non-float config selects that the target must decompose.
 
         Each node's config is the one the first quantizer (in application order) that selects it
@@ -192,7 +200,9 @@ class Quantizer:
         if not candidates:
             return [], []
         selections = [
-            (set(q.node_finder.find(model)), q.config) for q in self.order(model) if isinstance(q, PatternQuantizer)
+            (set(q.node_finder.find(model)), q.config)
+            for q in self.order(model, presets)
+            if isinstance(q, PatternQuantizer)
         ]
         done, kept = [], []
         for node in candidates:
@@ -214,20 +224,23 @@ class Quantizer:
             log.info("decomposed %s into %s (%s)", entry["node"], entry["into"], entry["why"])
         return done, kept
 
-    def quantize(self, model: ir.Model, strict: bool = False) -> QuantizerReport:
+    def quantize(
+        self, model: ir.Model, strict: bool = False, presets: tuple[str, str] | None = None
+    ) -> QuantizerReport:
         """Annotate ``model`` with requests; returns the report (also logged: INFO summary, DEBUG details).
 
         Ops the target must decompose first (its ``decompositions``) are rewritten by a first run
-        (:meth:`decompose`); the quantizers then annotate the result.
+        (:meth:`decompose`); the quantizers then annotate the result. ``presets``: the target's
+        defaults when the global config is chosen by model (``set_global_by_model``).
         """
-        decomposed, not_decomposed = self.decompose(model)
+        decomposed, not_decomposed = self.decompose(model, presets)
         state = QuantizeState()
         report = QuantizerReport(decomposed=decomposed, not_decomposed=not_decomposed)
         if self._global_by_model:
-            name, why = choose_preset(model)
+            name, why = choose_preset(model, *_given(presets))
             report.preset_choice = f"{name} ({why})"
             log.info("preset %s: %s", name, why)
-        ordered = self.order(model)
+        ordered = self.order(model, presets)
         for quantizer in ordered:
             if isinstance(quantizer, PatternQuantizer) and not isinstance(quantizer.node_finder, Global):
                 for node in quantizer.node_finder.find(model):

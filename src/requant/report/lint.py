@@ -4,7 +4,8 @@ The model is loaded in ONNX Runtime with its optimized graph saved; that graph s
 kernels became int8 kernels and which stayed float between a DequantizeLinear and a
 QuantizeLinear (the "quantized model is slower than float" complaint), which QuantizeLinear ->
 DequantizeLinear pairs were left with nothing fused between them, which constants are
-dequantized at run time instead of being consumed by an int8 kernel, and, for a model requant
+dequantized at run time instead of being consumed by an int8 kernel, which uint8 x int8 kernels
+can saturate on x86 CPUs without VNNI (:mod:`requant.report.saturation`), and, for a model requant
 wrote, which nodes a quantizer accepted (``requant.annotated_by`` on the node, for a config that
 quantizes) that ONNX Runtime still runs as a float op.
 """
@@ -23,6 +24,8 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
+from requant.report.saturation import SaturationFinding, find_saturation
+from requant.targets.kernels import ONNXRUNTIME_X86
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -48,11 +51,13 @@ class LintResult:
     asked_but_float: list[str] = field(default_factory=list)
     kept_float: list[str] = field(default_factory=list)  # float between DQ and Q by a target's rule, with why
     op_counts: dict[str, int] = field(default_factory=dict)
+    weighted_kernels: int = 0  # uint8 x int8 kernels with constant weights, checked for saturation
+    can_saturate: list[SaturationFinding] = field(default_factory=list)  # on x86 CPUs without VNNI
 
     @property
     def clean(self) -> bool:
-        """Nothing stayed float that should not have, and no pair was left."""
-        return not (self.float_between_qdq or self.qdq_pairs or self.asked_but_float)
+        """Nothing stayed float that should not have, no pair was left, and no kernel can saturate."""
+        return not (self.float_between_qdq or self.qdq_pairs or self.asked_but_float or self.can_saturate)
 
     @property
     def fused(self) -> int:
@@ -67,6 +72,11 @@ class LintResult:
             "asked_to_be_quantized_but_float": self.asked_but_float,
             "kept_float_by_decision": self.kept_float,
             "optimized_graph_ops": self.op_counts,
+            "saturation": {
+                "cpus": ONNXRUNTIME_X86.cpus,
+                "kernels_checked": self.weighted_kernels,
+                "can_saturate": [f.__dict__ for f in self.can_saturate],
+            },
         }
 
     def text(self) -> str:
@@ -86,6 +96,12 @@ class LintResult:
             lines.append(f"kept float between DequantizeLinear and QuantizeLinear by decision: {len(self.kept_float)}")
         if self.dequantized_constants:
             lines.append(f"constants dequantized at run time: {len(self.dequantized_constants)}")
+        if self.can_saturate:
+            worst = max(self.can_saturate, key=lambda f: f.worst_accumulator_error)
+            lines.append(
+                f"can saturate on x86 CPUs without VNNI (int16 pair sums): {len(self.can_saturate)} of "
+                f"{self.weighted_kernels} uint8 x int8 kernels; worst {worst.text()}"
+            )
         return "\n".join(lines)
 
 
@@ -117,6 +133,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             consumers.setdefault(name, []).append(node)
     constants = {init.name for init in graph.initializer}
     result = LintResult(op_counts=dict(Counter(n.op_type for n in graph.node)))
+    result.weighted_kernels, result.can_saturate = find_saturation(graph)
     result.int8_kernels = dict(Counter(n.op_type for n in graph.node if n.op_type in INT8_KERNELS))
     for node in graph.node:
         label = node.name or node.op_type

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["to_markdown"]
+__all__ = ["encoding_summary", "to_markdown"]
 
 
 def _cell(value: object) -> str:
@@ -24,6 +24,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]
 
 def _summary(report: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, str]] = [("target", report["target"])]
+    if report.get("weight_encoding", {}).get("kernels"):
+        rows.append(("int8 weights", encoding_summary(report["weight_encoding"])))
     size = report["size_bytes"]
     rows.append(
         (
@@ -47,6 +49,21 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
     return _table(("figure", "value"), rows)
 
 
+def encoding_summary(section: Mapping[str, Any]) -> str:
+    """One line: how the int8 kernels' weights are stored, and on which CPUs that is exact."""
+    kernels = section["kernels"]
+    paired = [e for e in kernels if e["accumulation"] == "int16 pairs"]
+    unsafe = [e for e in paired if e["margin"] < 0]
+    if not paired:
+        return f"full range, exact on {section['exact_on']} ({len(kernels)} kernels add in int32)"
+    encoded = [e for e in paired if e["encoding"] == "pair-safe"]
+    cost = max((e["sqnr_db"] - e["encoded_sqnr_db"] for e in encoded), default=0.0)
+    text = "exact on every x86-64 CPU" if not unsafe else f"{len(unsafe)} kernels can saturate on {section['exact_on']}"
+    text += f": of {len(paired)} kernels with int16 pair sums, {len(paired) - len(encoded) - len(unsafe)} proven at "
+    text += f"full range, {len(encoded)} re-encoded so no pair can saturate (at most {cost:.1f} dB of weight SQNR)"
+    return text
+
+
 def _lint(lint: Mapping[str, Any]) -> list[str]:
     kernels = lint["int8_kernels"]
     lines = ["## What ONNX Runtime ran", ""]
@@ -66,6 +83,21 @@ def _lint(lint: Mapping[str, Any]) -> list[str]:
         lines.append("")
         lines += [f"- {item}" for item in items]
         if items:
+            lines.append("")
+    saturation = lint.get("saturation")
+    if saturation:
+        findings = saturation["can_saturate"]
+        lines.append(
+            f"uint8 x int8 kernels that can saturate on {saturation['cpus']}: {len(findings)} of "
+            f"{saturation['kernels_checked']}."
+        )
+        lines.append("")
+        lines += [
+            f"- {f['op_type']} '{f['node']}': {f['pairs']} pairs in {f['channels']} channels, worst error "
+            f"{f['worst_accumulator_error']} in the accumulator"
+            for f in findings
+        ]
+        if findings:
             lines.append("")
     return lines
 
@@ -152,6 +184,37 @@ def _bias_correction(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _weight_encoding(report: Mapping[str, Any]) -> list[str]:
+    section = report.get("weight_encoding")
+    if not section or not section.get("kernels"):
+        return []
+    lines = [
+        "## Weight encodings",
+        "",
+        f"Kernel model: {section['kernel_model']}. Each int8 kernel's weights, checked for every input the "
+        'kernel can be given (its stored range): "full range" is proven not to saturate as rounded; '
+        '"pair-safe" channels got a larger scale and their largest same-sign pairs were shrunk until no '
+        "int16 pair sum can leave its range. Margin: how far the closest pair stays from that range "
+        "(accumulator units, for the worst input).",
+        "",
+    ]
+    rows = [
+        (
+            f"`{e['node']}`",
+            e["encoding"],
+            e["accumulation"],
+            str(e["margin"]) if e["accumulation"] != "int32" else "n/a",
+            f"{e['rescaled']} / {e['channels']}" + (f" (x{e['largest_factor']:.2f})" if e["rescaled"] else ""),
+            str(e["moved"]),
+            f"{e['sqnr_db']:.1f} -> {e['encoded_sqnr_db']:.1f}",
+            e["why"],
+        )
+        for e in section["kernels"]
+    ]
+    header = ("kernel", "encoding", "accumulation", "margin", "rescaled", "moved", "weight SQNR dB", "why")
+    return [*lines, *_table(header, rows)]
+
+
 def to_markdown(report: Mapping[str, Any], title: str = "requant quantization report") -> str:
     """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
     lines = [f"# {title}", ""]
@@ -159,5 +222,6 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     lines += _lint(report["lint"])
     lines += _quantizers(report["quantizers"])
     lines += _ports(report)
+    lines += _weight_encoding(report)
     lines += _bias_correction(report)
     return "\n".join(lines).rstrip("\n") + "\n"

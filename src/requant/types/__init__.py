@@ -5,7 +5,7 @@ This package imports nothing else of requant's but :mod:`requant.errors`.
 
 from requant.types.floats import FLOAT_FORMATS, FloatFormat
 from requant.types.numerics import ROUNDING_MODES, dcast, qcast, scast
-from requant.types.params import from_range, storage_bounds
+from requant.types.params import from_range, storage_bounds, with_scales
 from requant.types.quantized import (
     AnyQuantizedType,
     CalibratedQuantizedType,
@@ -43,4 +43,5 @@ __all__ = [
     "storage_bounds",
     "verify_cast",
     "verify_container",
+    "with_scales",
 ]

@@ -39,7 +39,7 @@ from requant.types.quantized import (
 )
 from requant.types.storage import storage_type
 
-__all__ = ["from_range", "storage_bounds"]
+__all__ = ["from_range", "storage_bounds", "with_scales"]
 
 
 def storage_bounds(storage: str, *, narrow_range: bool = False, reduce_range: bool = False) -> tuple[int, int]:
@@ -125,3 +125,28 @@ def from_range(
     if block_sizes is not None:
         return UniformQuantizedSubChannelType(str(st), fmt.name, block_sizes, scale, zp, **bounds)
     return UniformQuantizedType(str(st), fmt.name, float(scale), int(zp), **bounds)
+
+
+def _at_least(scale: float, expressed: str) -> float:
+    """``scale`` rounded up to the expressed type (f32 scales are what the model stores)."""
+    if expressed != "f32":
+        return scale
+    rounded = np.float32(scale)
+    if float(rounded) < scale:
+        rounded = np.nextafter(rounded, np.float32(np.inf))
+    return float(rounded)
+
+
+def with_scales(t: UniformType, scales: npt.ArrayLike) -> UniformType:
+    """``t`` with other scales (one per channel, or the largest for a per-layer type), each rounded
+    up to the expressed type: a raised scale never ends up below what was asked."""
+    values = np.asarray(scales, np.float64).reshape(-1)
+    if isinstance(t, UniformQuantizedType):
+        scale = _at_least(float(values.max()), t.expressed)
+        return UniformQuantizedType(t.storage, t.expressed, scale, t.zero_point, t.storage_min, t.storage_max)
+    if not isinstance(t, UniformQuantizedPerAxisType):
+        raise QuantTypeError(f"new scales for per-layer or per-axis types only, not {t}")
+    rounded = [_at_least(float(s), t.expressed) for s in values]
+    return UniformQuantizedPerAxisType(
+        t.storage, t.expressed, t.axis, rounded, t.zero_points, t.storage_min, t.storage_max
+    )

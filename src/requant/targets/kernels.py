@@ -1,0 +1,150 @@
+"""Kernel models: how a target's integer kernels really add their products, as data.
+
+A kernel model is a list of rules: for a weighted op (``Conv``, ``Gemm``, ``MatMul``) with inputs
+and weights of given storage types, which :class:`~requant.types.accumulation.Accumulation` the
+runtime's kernel uses. The weight-encoding step proves against it that no pair can saturate
+(:mod:`requant.calibration.weight_encoding`), ``requant lint`` checks other tools' models with it,
+and the reference in :mod:`requant.types.accumulation` computes what the kernel computes.
+
+ONNX Runtime 1.31 on x86-64 (MLAS), established by running every case against ONNX Runtime with
+adversarial weights and inputs (``tests/test_kernel_model.py``) and read from MLAS's source:
+
+- uint8 x int8, CPUs without VNNI (AVX2, and AVX-512 without VNNI): every GEMM (``QGemm``,
+  ``QLinearMatMul``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``, ``MatMulInteger``) and
+  every ``QLinearConv`` that is not depthwise (MLAS's ConvSym kernel when the input channels are a
+  multiple of 4 and the output channels of 8, a QGEMM over an NHWC im2col otherwise, one per
+  group) multiply with ``vpmaddubsw``: reduction elements ``2j`` and ``2j + 1`` are added in int16
+  with saturation. A convolution's reduction runs over the kernel positions (row by row) and,
+  within each, the input channels of its group; an odd channel count pairs across positions.
+- depthwise ``QLinearConv`` (ConvSym's depthwise kernel, or the generic one): products widened to
+  int32, exact.
+- uint8 x uint8 (``vpmaddwd`` on zero-extended words) and int8 x int8 (no x86 ConvSym or QGEMM
+  for signed inputs without AVX-VNNI-INT8: the portable kernel): exact.
+- With AVX-VNNI, AVX512-VNNI or AMX, ``vpdpbusd`` adds four products straight into int32: exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.types.accumulation import INT16_PAIRS, INT32, Accumulation
+
+__all__ = [
+    "ONNXRUNTIME_X86",
+    "ONNXRUNTIME_X86_VNNI",
+    "KernelModel",
+    "KernelRule",
+    "Reduction",
+    "is_depthwise",
+]
+
+
+@dataclass(frozen=True)
+class KernelRule:
+    """One row of a kernel model: ``ops`` with ``inputs`` x ``weights`` storage (None: any),
+    ``depthwise`` (None: either), run by ``kernel``, accumulate so."""
+
+    kernel: str
+    ops: frozenset[str]
+    accumulation: Accumulation
+    inputs: str | None = None
+    weights: str | None = None
+    depthwise: bool | None = None
+
+    def matches(self, op_type: str, inputs: str, weights: str, depthwise: bool) -> bool:
+        return (
+            op_type in self.ops
+            and self.inputs in (None, inputs)
+            and self.weights in (None, weights)
+            and self.depthwise in (None, depthwise)
+        )
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """The accumulation of each integer kernel of a target; the first rule that matches wins."""
+
+    name: str
+    cpus: str  # where the model holds, for the report
+    rules: tuple[KernelRule, ...]
+
+    def find(self, op_type: str, inputs: str, weights: str, depthwise: bool = False) -> KernelRule | None:
+        return next((r for r in self.rules if r.matches(op_type, inputs, weights, depthwise)), None)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_CONV, _LINEAR = frozenset({"Conv"}), frozenset({"Gemm", "MatMul"})
+
+ONNXRUNTIME_X86 = KernelModel(
+    "ONNX Runtime x86-64 without VNNI",
+    "x86-64 CPUs with AVX2 or AVX-512 but no VNNI (AMD before Zen 4, Intel before Cascade Lake / Ice Lake)",
+    (
+        KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True),
+        KernelRule("QLinearConv (MLAS ConvSym / QGEMM, vpmaddubsw)", _CONV, INT16_PAIRS, "u8", "i8"),
+        KernelRule("QGemm, MatMulIntegerToFloat, QLinearMatMul (QGEMM, vpmaddubsw)", _LINEAR, INT16_PAIRS, "u8", "i8"),
+        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR, INT32, "u8", "u8"),
+        KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
+    ),
+)
+
+ONNXRUNTIME_X86_VNNI = KernelModel(
+    "ONNX Runtime x86-64 with VNNI",
+    "x86-64 CPUs with AVX-VNNI, AVX512-VNNI or AMX (Intel Cascade Lake / Ice Lake / Alder Lake and later, "
+    "AMD Zen 4 and later)",
+    (KernelRule("uint8 x int8 (MLAS vpdpbusd)", _CONV | _LINEAR, INT32),),
+)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A weighted op's weight as the rows of its kernel's GEMM, in the kernel's reduction order.
+
+    ``rows(weight)`` is ``[N, K]``: one row per output channel, ``K`` the reduction of its group
+    (a convolution's kernel positions, each with its group's input channels); ``channels`` says
+    which input channel each position reads (``[N, K]``); ``weight_of(rows)`` is the inverse.
+    """
+
+    op_type: str
+    shape: tuple[int, ...]
+    trans_b: bool = False
+    group: int = 1
+
+    def rows(self, weight: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if self.op_type == "Conv":
+            cout = weight.shape[0]
+            return np.moveaxis(weight, 1, -1).reshape(cout, -1)  # [Cout, kh, kw, Cin/g]
+        if self.op_type == "Gemm" and self.trans_b:
+            return weight
+        return weight.T  # MatMul and Gemm: [K, N]
+
+    def weight_of(self, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if self.op_type == "Conv":
+            cout, cin = self.shape[:2]
+            return np.moveaxis(rows.reshape(cout, *self.shape[2:], cin), -1, 1)
+        if self.op_type == "Gemm" and self.trans_b:
+            return rows
+        return rows.T
+
+    def channels(self) -> npt.NDArray[np.int64]:
+        """The input channel each reduction position of each row reads."""
+        if self.op_type != "Conv":
+            k = self.shape[1] if self.op_type == "Gemm" and self.trans_b else self.shape[0]
+            n = self.shape[0] if self.op_type == "Gemm" and self.trans_b else self.shape[1]
+            return np.broadcast_to(np.arange(k, dtype=np.int64), (n, k))
+        cout, cin = self.shape[:2]
+        positions = int(np.prod(self.shape[2:], dtype=np.int64))
+        group_of = np.arange(cout) // (cout // self.group)
+        within = np.tile(np.arange(cin, dtype=np.int64), positions)
+        return group_of[:, None] * cin + within[None, :]
+
+
+def is_depthwise(weight_shape: tuple[int, ...], group: int) -> bool:
+    """ONNX Runtime's depthwise test: one input and one output channel per group (a channel
+    multiplier above 1 runs as one small GEMM per group instead)."""
+    return len(weight_shape) > 2 and weight_shape[1] == 1 and weight_shape[0] == group

@@ -1,0 +1,202 @@
+"""The kernel model of ONNX Runtime on x86 against ONNX Runtime's own int8 kernels, bit for bit.
+
+Each case builds one kernel with adversarial inputs (many at 255) and weights (many at +-127 and
+-128), runs it in ONNX Runtime, and compares its output with requant's reference of the kernel
+(``Accumulation.dot`` in the kernel model's reduction order): the reference with int16 pair sums
+must match exactly, and the exact int32 one must not where pairs saturate (and the other way round
+for the kernels that add in int32). Outputs are kept exact: MatMulInteger and QGemm without an
+output scale give the accumulator itself; QLinearConv and QLinearMatMul requantize by a power of
+two, which float32 computes exactly. The machine must have no VNNI (the project machine: AVX2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, Reduction, is_depthwise
+from requant.types.accumulation import INT16_PAIRS, INT32
+
+RNG_SEED = 7
+
+
+OUTPUTS = {"QLinearConv": TensorProto.UINT8, "QLinearMatMul": TensorProto.UINT8, "MatMulInteger": TensorProto.INT32,
+           "MatMulIntegerToFloat": TensorProto.FLOAT, "QGemm": TensorProto.FLOAT}  # fmt: skip
+
+
+def _session(node: Any, inputs: list[Any], inits: list[Any], optimized: bool = True, threads: int = 2) -> Any:
+    output = helper.make_tensor_value_info("y", OUTPUTS[node.op_type], None)
+    graph = helper.make_graph([node], "g", inputs, [output], inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _adversarial(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    info = np.iinfo(dtype)
+    values = rng.integers(info.min, info.max + 1, shape)
+    values[rng.random(shape) < 0.35] = info.max
+    if info.min < 0:
+        values[rng.random(shape) < 0.15] = info.min
+    return values.astype(dtype)
+
+
+def _scalar(name: str, value: float, dtype: Any = np.float32) -> Any:
+    return numpy_helper.from_array(np.array(value, dtype), name)
+
+
+def _im2col(x: np.ndarray, kernel: int, stride: int, pad: int, group: int) -> np.ndarray:
+    """``[group, positions, kernel * kernel * Cin/group]``: NHWC im2col, the order MLAS reduces in
+    (kernel positions row by row, then the group's input channels); padding reads 0 (the zero point)."""
+    channels, height, _ = x.shape[1:]
+    padded = np.pad(x[0].astype(np.int64), ((0, 0), (pad, pad), (pad, pad)))
+    out = (height + 2 * pad - kernel) // stride + 1
+    per_group = channels // group
+    cols = np.zeros((group, out * out, kernel * kernel * per_group), np.int64)
+    for g in range(group):
+        for i in range(out):
+            for j in range(out):
+                patch = padded[g * per_group : (g + 1) * per_group, i * stride : i * stride + kernel,
+                               j * stride : j * stride + kernel]  # fmt: skip
+                cols[g, i * out + j] = np.moveaxis(patch, 0, -1).reshape(-1)
+    return cols
+
+
+def _conv_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, stride: int, pad: int, group: int,
+                    shift: int, accumulation: Any) -> np.ndarray:  # fmt: skip
+    cols = _im2col(x, w.shape[-1], stride, pad, group)
+    rows = Reduction("Conv", w.shape, group=group).rows(w.astype(np.int64))
+    per_group = w.shape[0] // group
+    acc = np.concatenate(
+        [accumulation.dot(cols[g], rows[g * per_group : (g + 1) * per_group].T) for g in range(group)], axis=1
+    )  # [positions, Cout]
+    scaled = (acc + bias).astype(np.float32) * np.float32(2.0**-shift)
+    out = np.clip(np.rint(scaled) + 128, 0, 255).astype(np.uint8)
+    side = int(np.sqrt(out.shape[0]))
+    return out.T.reshape(1, w.shape[0], side, side)
+
+
+CONVS = [
+    # name, Cin, Cout, kernel, group, stride, size: every path MLAS has for QLinearConv
+    ("pointwise (ConvSym, direct)", 16, 16, 1, 1, 1, 6),
+    ("3x3 (ConvSym, indirection)", 8, 16, 3, 1, 1, 6),
+    ("3x3 Cin 3 stride 2 (QGEMM: Cin not a multiple of 4)", 3, 8, 3, 1, 2, 7),
+    ("3x3 Cin 5 (QGEMM: pairs cross kernel positions)", 5, 16, 3, 1, 1, 5),
+    ("1x1 Cout 12 (QGEMM: Cout not a multiple of 8)", 8, 12, 1, 1, 1, 6),
+    ("grouped 3x3, 2 groups (one QGEMM per group)", 16, 16, 3, 2, 1, 5),
+    ("grouped 1x1, 3 groups", 12, 24, 1, 3, 1, 5),
+    ("depthwise 3x3, 16 channels (ConvSym depthwise)", 16, 16, 3, 16, 1, 6),
+    ("depthwise 3x3, 8 channels (generic depthwise)", 8, 8, 3, 8, 1, 6),
+    ("depthwise 5x5 stride 2", 16, 16, 5, 16, 2, 9),
+    ("channel multiplier 2 (not depthwise: QGEMM per group)", 8, 16, 3, 8, 1, 5),
+    ("one input and one output channel (the depthwise path)", 1, 1, 3, 1, 1, 5),
+]
+
+
+@pytest.mark.parametrize("optimized", [False, True], ids=["basic", "nhwc"])
+@pytest.mark.parametrize(("name", "cin", "cout", "kernel", "group", "stride", "size"), CONVS, ids=[c[0] for c in CONVS])
+def test_qlinearconv_accumulates_as_the_kernel_model_says(
+    name: str, cin: int, cout: int, kernel: int, group: int, stride: int, size: int, optimized: bool
+) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    x = _adversarial(rng, (1, cin, size, size), np.uint8)
+    w = _adversarial(rng, (cout, cin // group, kernel, kernel), np.int8)
+    bias = rng.integers(-5000, 5000, cout).astype(np.int32)
+    pad, shift = kernel // 2, 11
+    inits = [
+        _scalar("xs", 1.0), _scalar("xz", 0, np.uint8), numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.ones(cout, np.float32), "ws"), numpy_helper.from_array(np.zeros(cout, np.int8), "wz"),
+        _scalar("ys", 2.0**shift), _scalar("yz", 128, np.uint8), numpy_helper.from_array(bias, "b"),
+    ]  # fmt: skip
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], group=group,
+                            strides=[stride] * 2, pads=[pad] * 4, kernel_shape=[kernel] * 2)  # fmt: skip
+    x_info = helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))
+    (y,) = _session(node, [x_info], inits, optimized).run(None, {"x": x})
+    depthwise = is_depthwise(w.shape, group)
+    rule = ONNXRUNTIME_X86.find("Conv", "u8", "i8", depthwise)
+    assert rule is not None and rule.accumulation is (INT32 if depthwise else INT16_PAIRS)
+    other = INT16_PAIRS if rule.accumulation is INT32 else INT32
+    modelled = _conv_reference(x, w, bias, stride, pad, group, shift, rule.accumulation)
+    assert (y == modelled).all(), f"{name}: {(y != modelled).sum()} outputs differ from the kernel model"
+    assert (y != _conv_reference(x, w, bias, stride, pad, group, shift, other)).sum() > y.size // 10
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 8, 4), (5, 13, 7), (24, 300, 17)])
+def test_matmulinteger_and_matmulintegertofloat_pair_along_k(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    a, w = _adversarial(rng, (m, k), np.uint8), _adversarial(rng, (k, n), np.int8)
+    a_info = helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])
+    integer = _session(
+        helper.make_node("MatMulInteger", ["a", "w"], ["y"]), [a_info], [numpy_helper.from_array(w, "w")]
+    )
+    to_float = _session(
+        helper.make_node("MatMulIntegerToFloat", ["a", "w", "one", "one"], ["y"], domain="com.microsoft"),
+        [a_info], [numpy_helper.from_array(w, "w"), _scalar("one", 1.0)],
+    )  # fmt: skip
+    pairs, exact = INT16_PAIRS.dot(a, w), INT32.dot(a, w)
+    assert not (pairs == exact).all()
+    for session in (integer, to_float):
+        (y,) = session.run(None, {"a": a})
+        assert (y == pairs).all()
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 10, 6), (7, 33, 20)])
+def test_qgemm_pairs_the_raw_inputs_and_removes_the_zero_point_after(m: int, k: int, n: int) -> None:
+    """The kernel multiplies the stored uint8 values; the zero point (77) comes off through row sums."""
+    rng = np.random.default_rng(RNG_SEED)
+    a, w = _adversarial(rng, (m, k), np.uint8), _adversarial(rng, (n, k), np.int8)
+    inits = [_scalar("as", 1.0), _scalar("az", 77, np.uint8), numpy_helper.from_array(w, "w"), _scalar("ws", 1.0),
+             _scalar("wz", 0, np.int8)]  # fmt: skip
+    node = helper.make_node("QGemm", ["a", "as", "az", "w", "ws", "wz"], ["y"], domain="com.microsoft", transB=1)
+    (y,) = _session(node, [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])], inits).run(None, {"a": a})
+    rows = Reduction("Gemm", w.shape, trans_b=True).rows(w.astype(np.int64))
+    correction = 77 * rows.sum(axis=1)
+    assert (y == INT16_PAIRS.dot(a, rows.T) - correction).all()
+    assert not (y == INT32.dot(a, rows.T) - correction).all()
+
+
+def test_qlinearmatmul_pairs_along_k() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    a, w = _adversarial(rng, (9, 40), np.uint8), _adversarial(rng, (40, 16), np.int8)
+    inits = [_scalar("as", 1.0), _scalar("az", 0, np.uint8), numpy_helper.from_array(w, "w"), _scalar("ws", 1.0),
+             _scalar("wz", 0, np.int8), _scalar("ys", 1024.0), _scalar("yz", 128, np.uint8)]  # fmt: skip
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "w", "ws", "wz", "ys", "yz"], ["y"])
+    (y,) = _session(node, [helper.make_tensor_value_info("a", TensorProto.UINT8, [9, 40])], inits).run(None, {"a": a})
+
+    def requantized(acc: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(acc.astype(np.float32) / np.float32(1024)) + 128, 0, 255)
+
+    assert (y == requantized(INT16_PAIRS.dot(a, w))).all()
+    assert not (y == requantized(INT32.dot(a, w))).all()
+
+
+@pytest.mark.parametrize(("inputs", "weights"), [(np.uint8, np.uint8), (np.int8, np.int8)], ids=["u8u8", "s8s8"])
+def test_same_signedness_kernels_add_in_int32(inputs: Any, weights: Any) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    a, w = _adversarial(rng, (6, 32), inputs), _adversarial(rng, (32, 9), weights)
+    kind = TensorProto.UINT8 if inputs is np.uint8 else TensorProto.INT8
+    node = helper.make_node("MatMulInteger", ["a", "w"], ["y"])
+    (y,) = _session(node, [helper.make_tensor_value_info("a", kind, [6, 32])], [numpy_helper.from_array(w, "w")]).run(
+        None, {"a": a}
+    )
+    storage = "u8" if inputs is np.uint8 else "i8"
+    rule = ONNXRUNTIME_X86.find("MatMul", storage, storage)
+    assert rule is not None and rule.accumulation is INT32
+    assert (y == INT32.dot(a, w)).all()
+
+
+def test_the_vnni_model_adds_everything_in_int32() -> None:
+    for op, depthwise in (("Conv", False), ("Conv", True), ("Gemm", False), ("MatMul", False)):
+        rule = ONNXRUNTIME_X86_VNNI.find(op, "u8", "i8", depthwise)
+        assert rule is not None and rule.accumulation is INT32
