@@ -34,8 +34,10 @@ test: lint
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/python bench/bench_casts.py
 	$(VENV)/bin/python bench/bench_load.py
+	$(VENV)/bin/python bench/bench_quantize.py --json build/bench_quantize.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

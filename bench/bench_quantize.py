@@ -1,18 +1,32 @@
-"""requant against ONNX Runtime's ``quantize_static`` on real models, the same data, the same machine.
+"""requant against ONNX Runtime's ``quantize_static`` and NNCF's ``nncf.quantize`` on real models, same data, same machine.
 
-For each model: the float ONNX (exported once), calibration and evaluation samples (disjoint),
-then each tool and method in a fresh process (its wall time and peak memory, ``VmHWM``; the
-median of five runs when one takes under two seconds, where start-up is most of it), then
-quality against the float model, int8/fp32 latency (batch 1, 2 threads; median over 200 blocks of
-runs of about 10 ms each) and output size.
-ONNX Runtime gets its recommended flow: ``quant_pre_process`` then ``quantize_static`` (QDQ,
-per-channel weights, uint8 activations, int8 weights), with MinMax, Entropy and Percentile,
-on the exported model; and MinMax again on the model with batch norm folded into the convs
-(requant's ``canonicalize``: ONNX Runtime's pre-processing does not fold the exporter's batch
-norms, so on the exported model it leaves every conv in float: "/folded" is the like-for-like run).
+For each model: the float ONNX (exported once, and with batch norm folded: requant's
+``canonicalize``), calibration and evaluation samples (disjoint), then each tool in a fresh
+process (its wall time and peak memory, ``VmHWM``; the median of five runs when one takes under
+two seconds, where start-up is most of it), then quality against the float model, output size,
+and latency.
+
+Latency is measured in this one process, interleaved: every model of the row set gets a session
+on one shared ONNX Runtime thread pool (2 threads, spinning as a user's single session does), and
+blocks of about 20 ms of runs (batch 1) of each model alternate for ``--rounds`` rounds; each
+model's figure is the median over its blocks. Models timed one after the other moved a ratio from
+0.9 to 1.5 on this shared machine; sessions with their own pools interleaved in one process are
+worse still (idle pools spin on the cores the timed one needs: MobileNetV2 23 ms against 4.7 ms).
+Ratios are to the float model with batch norm folded (the fastest float model: ONNX Runtime
+folds the exporter's batch norms itself only in some graphs), and to the other tools' outputs.
+
+ONNX Runtime gets its recommended flow (``quant_pre_process``, then ``quantize_static``: QDQ,
+per-channel int8 weights, uint8 activations, MinMax) on the exported model and on the folded one
+("MinMax/folded": its pre-processing does not fold the exporter's batch norms). NNCF gets
+``nncf.quantize`` with its defaults (``model_type=TRANSFORMER`` for MiniLM) on the folded model
+(its ONNX backend fails on the exported ones: a Conv without a bias, an unnamed tensor). requant
+runs ``requant.api.quantize`` with its defaults ("default": the target onnxruntime-cpu and the
+preset it picks), "u8w" the previous default (uint8 weights, ``UINT8_PER_CHANNEL_WEIGHTS``), and
+"vnni" the target ``onnxruntime-cpu-vnni`` (full-range int8 weights: exact on CPUs with VNNI; the
+quality shown is what this CPU, without VNNI, computes).
 
     .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm]
-                                             [--calib 200] [--eval 100]
+                                             [--calib 200] [--eval 300] [--rounds 40] [--json FILE]
 """
 
 from __future__ import annotations
@@ -157,13 +171,15 @@ if tool == "requant":
     sys.path.insert(0, sys.argv[6])
     import requant.api
     from requant.quantizers import PRESETS, Quantizer
-    method, _, preset = method.partition("+")  # "mse+full": a method and a preset; "mse+keep29": keep_float_below
-    keep = float(preset[4:]) if preset.startswith("keep") else None
-    preset = {"reduced": "INT8_REDUCED_RANGE_WEIGHTS", "full": "INT8_PER_CHANNEL_WEIGHTS",
-              "floatout": "UINT8_FLOAT_OUTPUTS"}.get(preset, preset)  # fmt: skip
-    quantizer = Quantizer().set_global(PRESETS[preset]) if preset and keep is None else None
-    requant.api.quantize(model, samples, method=method, quantizer=quantizer, output=out,
-                         progress=lambda done, elapsed: None, measure=False, keep_float_below=keep)
+    method, _, variant = method.partition("+")  # "mse+u8w": a method and a variant
+    target = "onnxruntime-cpu-vnni" if variant == "vnni" else "onnxruntime-cpu"
+    quantizer = Quantizer().set_global(PRESETS["UINT8_PER_CHANNEL_WEIGHTS"]) if variant == "u8w" else None
+    requant.api.quantize(model, samples, target=target, method=method, quantizer=quantizer, output=out,
+                         progress=lambda done, elapsed: None, measure=False)
+elif tool == "nncf":
+    import nncf, onnx
+    kind = {"model_type": nncf.ModelType.TRANSFORMER} if method == "transformer" else {}
+    onnx.save(nncf.quantize(onnx.load(model), nncf.Dataset(samples), subset_size=len(samples), **kind), out)
 else:
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -207,11 +223,13 @@ def run_tool(tool: str, method: str, model: Path, data: Path, out: Path, repeat_
 
 # ----------------------------------------------------------------------------- measuring
 def session(path: Path) -> Any:
+    """A session on the process's one thread pool (2 threads, set up by ``main``: once a process has
+    it, ONNX Runtime refuses sessions with pools of their own)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
     options.log_severity_level = 3
+    options.use_per_session_threads = False
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -220,22 +238,24 @@ def outputs(path: Path, samples: list[dict[str, np.ndarray]]) -> np.ndarray:
     return np.concatenate([np.asarray(s.run(None, x)[0], np.float64).reshape(1, -1) for x in samples])
 
 
-def latency_ms(path: Path, sample: dict[str, np.ndarray], blocks: int = 200) -> float:
-    """Median time of one run (batch 1), over ``blocks`` blocks of runs of about 10 ms each: a
-    model that runs in 30 us is timed over many runs at once, not one perf_counter pair each."""
-    s = session(path)
-    start, warm = time.perf_counter(), 0
-    while warm < 10 or time.perf_counter() - start < 0.2:
-        s.run(None, sample)
-        warm += 1
-    block = max(1, int(0.01 / ((time.perf_counter() - start) / warm)))
-    times = []
-    for _ in range(blocks):
-        begin = time.perf_counter()
-        for _ in range(block):
+def interleaved_latency(paths: list[Path], sample: dict[str, np.ndarray], rounds: int) -> list[float]:
+    """Median ms per run of each model: ``rounds`` rounds of one ~20 ms block of runs of every model."""
+    sessions = [session(p) for p in paths]
+    blocks = []
+    for s in sessions:
+        for _ in range(3):
             s.run(None, sample)
-        times.append((time.perf_counter() - begin) / block)
-    return float(np.median(times) * 1e3)
+        start = time.perf_counter()
+        s.run(None, sample)
+        blocks.append(max(1, int(0.02 / (time.perf_counter() - start))))
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(rounds):
+        for i, s in enumerate(sessions):
+            begin = time.perf_counter()
+            for _ in range(blocks[i]):
+                s.run(None, sample)
+            times[i].append((time.perf_counter() - begin) / blocks[i])
+    return [float(np.median(t) * 1e3) for t in times]
 
 
 def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
@@ -256,6 +276,22 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
     return out
 
 
+RUNS = {  # tool -> its variants; requant's are "method[+variant]"
+    "requant": ("minmax", "mse", "mse+u8w", "mse+vnni"),
+    "onnxruntime": ("MinMax", "MinMax/folded"),
+    "nncf": ("default/folded",),
+}
+
+
+def saturating(path: Path) -> tuple[int, int]:
+    """(int8 kernels ONNX Runtime fused, of them the uint8 x int8 ones that can saturate without VNNI)."""
+    from requant.frontends import load_onnx
+    from requant.report.lint import lint
+
+    result = lint(load_onnx(path))
+    return result.fused, len(result.can_saturate)
+
+
 def main() -> None:
     import pickle
 
@@ -267,10 +303,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="digits,mobilenet_v2,efficientnet_lite0,minilm")
     parser.add_argument("--calib", type=int, default=200)
-    parser.add_argument("--eval", type=int, default=100)
+    parser.add_argument("--eval", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=40, help="latency: rounds of blocks of every model")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    print(f"onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores; latency: batch 1, 2 threads, median")
+    onnxruntime.set_global_thread_pool_sizes(2, 1)  # one pool for every session: 2 threads, spinning as usual
+    print(f"onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores; latency: batch 1, 2 threads, interleaved")
     # requant's sources byte-compiled, as pip compiles onnxruntime's at install (start-up is timed)
     compileall.compile_dir(str(ROOT / "src"), quiet=1)
     results: dict[str, Any] = {}
@@ -281,31 +319,31 @@ def main() -> None:
             data = folder / f"{name}.calib.pkl"
             data.write_bytes(pickle.dumps(calib))
             reference = outputs(path, evaluation)
-            base_latency = latency_ms(path, evaluation[0])
-            rows = []
             folded, _ = run_passes(load_onnx(path), get_passes("canonicalize"))
             folded_path = folder / f"{name}.folded.onnx"
             save_onnx(folded, folded_path)
-            runs = [
-                ("requant", m) for m in ("minmax", "percentile", "mse", "entropy", "percentile+reduced", "mse+full")
-            ]
-            if name == "minilm":  # linear layers feeding float LayerNorm/GELU/residuals: float outputs
-                runs += [("requant", m) for m in ("minmax+floatout", "mse+floatout")]
-            else:  # conv nets: the convs whose int8 output is below 29 dB SQNR kept float
-                runs += [("requant", "mse+keep29")]
-            runs += [("onnxruntime", m) for m in ("MinMax", "Entropy", "Percentile", "MinMax/folded")]
-            for tool, method in runs:
-                out = folder / f"{name}.{tool}.{method.replace('/', '_')}.onnx"
-                source = folded_path if method.endswith("/folded") else path
-                measured = run_tool(tool, method, source, data, out)
-                row: dict[str, Any] = {"tool": tool, "method": method, **measured}
-                if "error" not in measured:
-                    row.update(quality(name, reference, outputs(out, evaluation), labels))
-                    row["latency_ratio"] = latency_ms(out, evaluation[0]) / base_latency
-                    row["size_mb"] = out.stat().st_size / 1e6
-                rows.append(row)
+            rows, timed = [], [folded_path, path]
+            for tool, variants in RUNS.items():
+                for method in variants:
+                    out = folder / f"{name}.{tool}.{method.replace('/', '_').replace('+', '_')}.onnx"
+                    source = folded_path if method.endswith("/folded") else path
+                    given = ("transformer" if name == "minilm" else "default") if tool == "nncf" else method
+                    measured = run_tool(tool, given, source, data, out)
+                    row: dict[str, Any] = {"tool": tool, "method": method, **measured}
+                    if "error" not in measured:
+                        row.update(quality(name, reference, outputs(out, evaluation), labels))
+                        row["size_mb"] = out.stat().st_size / 1e6
+                        row["int8_kernels"], row["can_saturate"] = saturating(out)
+                        row["path"] = out
+                        timed.append(out)
+                    rows.append(row)
+            latencies = dict(zip(timed, interleaved_latency(timed, evaluation[0], args.rounds), strict=True))
+            for row in rows:
+                if "path" in row:
+                    row["latency_ms"] = latencies[row.pop("path")]
             results[name] = {
-                "float_latency_ms": base_latency,
+                "float_latency_ms": latencies[folded_path],
+                "exported_float_latency_ms": latencies[path],
                 "calib": len(calib),
                 "eval": len(evaluation),
                 "runs": rows,
@@ -315,22 +353,38 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
+def _latency_of(result: dict[str, Any], tool: str, method: str) -> float | None:
+    row = next((r for r in result["runs"] if r["tool"] == tool and r["method"] == method), None)
+    return row.get("latency_ms") if row else None
+
+
 def report(name: str, result: dict[str, Any]) -> None:
     metric = "cosine" if name == "minilm" else "accuracy" if name == "digits" else "top1_agreement"
     print(
-        f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms"
+        f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms "
+        f"(as exported: {result['exported_float_latency_ms']:.2f} ms)"
     )
+    peers = {
+        "ORT": _latency_of(result, "onnxruntime", "MinMax"),
+        "NNCF": _latency_of(result, "nncf", "default/folded"),
+        "u8w": _latency_of(result, "requant", "mse+u8w"),
+    }
     print(
-        f"  {'tool':<12} {'method':<14} {metric:>15} {'top5/KL':>14} {'int8/fp32':>10} {'seconds':>8} {'peak MB':>8} {'MB':>6}"
+        f"  {'tool':<12} {'method':<15} {metric:>14} {'top5/KL':>14} {'int8/fp32':>9} "
+        + " ".join(f"{'/' + p:>7}" for p in peers)
+        + f" {'seconds':>8} {'peak MB':>8} {'MB':>6} {'sat.':>9}"
     )
     for r in result["runs"]:
         if "error" in r:
-            print(f"  {r['tool']:<12} {r['method']:<14} failed: {r['error'][:80]}")
+            print(f"  {r['tool']:<12} {r['method']:<15} failed: {r['error'][:80]}")
             continue
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
+        ratios = " ".join(f"{r['latency_ms'] / v:>7.2f}" if v else f"{'':>7}" for v in peers.values())
         print(
-            f"  {r['tool']:<12} {r['method']:<14} {r[metric]:>15.4f} {extra:>14} {r['latency_ratio']:>10.2f} "
-            f"{r['seconds']:>8.{2 if r['seconds'] < 10 else 1}f} {r['peak_mb']:>8.0f} {r['size_mb']:>6.2f}"
+            f"  {r['tool']:<12} {r['method']:<15} {r[metric]:>14.4f} {extra:>14} "
+            f"{r['latency_ms'] / result['float_latency_ms']:>9.2f} {ratios} "
+            f"{r['seconds']:>8.{2 if r['seconds'] < 10 else 1}f} {r['peak_mb']:>8.0f} {r['size_mb']:>6.2f} "
+            f"{r['can_saturate']:>4}/{r['int8_kernels']:<4}"
         )
 
 

@@ -557,3 +557,17 @@ def test_an_embedding_read_only_by_float_ops_is_stored_uint8() -> None:
     _, e = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})
     step = float(stored["table_scale"])
     assert np.abs(e - table[ids]).max() <= step / 2 * 1.001  # the rows, dequantized: half a step
+
+
+def test_a_process_with_onnx_runtime_s_global_thread_pool_can_quantize_and_lint() -> None:
+    """Once a process has set up ONNX Runtime's global thread pool (a server, a benchmark), ONNX
+    Runtime refuses sessions with pools of their own: requant's sessions then use that pool."""
+    code = (
+        "import onnxruntime; onnxruntime.set_global_thread_pool_sizes(2, 1)\n"
+        "import requant.api\n"
+        f"r = requant.api.quantize({str(DIGITS / 'digits_cnn.onnx')!r}, {str(DIGITS / 'calib.npz')!r})\n"
+        "print(sorted(r.report['lint']['int8_kernels'].items()), r.report['latency_ms_batch1']['measured'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[('QGemm', 1), ('QLinearConv', 2)] interleaved"

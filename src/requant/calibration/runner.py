@@ -26,6 +26,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from requant.calibration.data import Sample, iter_samples, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
 from requant.ir.queries import graph_values
+from requant.runtime import cpu_session
 
 __all__ = ["Progress", "collect", "terminal_progress"]
 
@@ -88,7 +89,7 @@ def _session(model: ir.Model, names: list[str], optimize: bool = False) -> Itera
         finally:
             for _ in added:  # one by one: onnx-ir 1.1's slice deletion leaves the values marked as outputs
                 graph.outputs.pop()
-        yield ort.InferenceSession(str(Path(folder) / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        yield cpu_session(str(Path(folder) / "model.onnx"), options)
 
 
 def _sizes(model: ir.Model, names: list[str]) -> dict[str, int]:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from requant.runtime import cpu_session
+
 __all__ = ["interleaved_latency_ms", "session"]
 
 
@@ -34,7 +36,7 @@ def session(model: Any, threads: int = 2, spinning: bool = False) -> Any:
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else model
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return cpu_session(source, options)
 
 
 def interleaved_latency_ms(

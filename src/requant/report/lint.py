@@ -25,6 +25,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from requant.errors import RequantError
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 from requant.report.saturation import SaturationFinding, find_saturation
+from requant.runtime import cpu_session
 from requant.targets.kernels import ONNXRUNTIME_X86
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
@@ -121,7 +122,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         options.log_severity_level = 3
         try:
-            ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            cpu_session(proto.SerializeToString(), options)
         except Exception as exc:  # ORT raises its own exception classes (Fail, InvalidGraph, ...)
             raise RequantError(f"ONNX Runtime could not load the model: {exc}") from exc
         optimized = onnx.load(options.optimized_model_filepath)
