@@ -123,10 +123,10 @@ UINT8_PER_CHANNEL_WEIGHTS = QuantizationConfig(
 UINT8_FLOAT_OUTPUTS = QuantizationConfig(
     "UINT8_FLOAT_OUTPUTS", _U8, NoQuant(), UINT8_PER_CHANNEL_WEIGHTS.weight, NoQuant()
 )
-# The same with int8 weights (per channel): faster than uint8 weights (MiniLM 0.48 against 0.56 of
-# float latency, interleaved), the default of the VNNI target. On onnxruntime-cpu the weights are
-# encoded so no int16 pair can saturate (requant.calibration.weight_encoding), which costs MiniLM
-# about 0.0006 of cosine to float.
+# The same with int8 weights (per channel): faster than uint8 weights (MiniLM 0.46 against 0.52 of
+# float latency, bench 2026-11-24), the default of the VNNI target. On onnxruntime-cpu the weights
+# are encoded so no int16 pair can saturate (requant.calibration.weight_encoding): MiniLM cosine to
+# float 0.9929 against 0.9931.
 INT8_FLOAT_OUTPUTS = QuantizationConfig("INT8_FLOAT_OUTPUTS", _U8, NoQuant(), _I8_PER_CHANNEL, NoQuant())
 A16W8 = QuantizationConfig(
     "A16W8", QuantizationSpec("uint16"), QuantizationSpec("uint16"), _I8_PER_CHANNEL, DerivedBias()
@@ -142,12 +142,13 @@ INT4_BLOCKWISE_WEIGHTS = QuantizationConfig(
 # target names its own, requant.targets.registry). Conv nets: int8 weights, which the target's
 # kernel model encodes so that no int16 pair sum can saturate on x86 CPUs without VNNI: exact on
 # every CPU, at full int8 speed (MobileNetV2 0.71 of float latency against 0.91 with uint8
-# weights, same accuracy). Full-range int8 weights would be wrong on those CPUs, 7-bit ones lose
-# accuracy. A fixed choice, never a CPU-flag probe: the same inputs give the same model everywhere.
+# weights, top-1 agreement 0.867 against 0.877; bench 2026-11-24). Full-range int8 weights would be
+# wrong on those CPUs, 7-bit ones lose accuracy. A fixed choice, never a CPU-flag probe: the same
+# inputs give the same model everywhere.
 DEFAULT_PRESET = "INT8_PER_CHANNEL_WEIGHTS"
 # Models with more linear layers than convolutions (transformers, MLPs): their linear layers feed
 # ops ONNX Runtime runs in float (LayerNorm, GELU, residual sums). uint8 weights (exact uint8 x
-# uint8 kernel): MiniLM keeps cosine 0.993 at 0.56 of float latency.
+# uint8 kernel): MiniLM keeps cosine 0.993 at 0.52 of float latency.
 LINEAR_DEFAULT_PRESET = "UINT8_FLOAT_OUTPUTS"
 
 
