@@ -39,7 +39,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -240,23 +239,12 @@ def outputs(path: Path, samples: list[dict[str, np.ndarray]]) -> np.ndarray:
 
 
 def interleaved_latency(paths: list[Path], sample: dict[str, np.ndarray], rounds: int) -> list[float]:
-    """Median ms per run of each model: ``rounds`` rounds of one ~20 ms block of runs of every model."""
+    """Median ms per run of each model: ``rounds`` rounds of one ~20 ms block of runs of every model
+    (requant's own interleaving, here on the process's one pool and with a fixed number of rounds)."""
+    from requant.report.latency import interleaved_latency_ms
+
     sessions = [session(p) for p in paths]
-    blocks = []
-    for s in sessions:
-        for _ in range(3):
-            s.run(None, sample)
-        start = time.perf_counter()
-        s.run(None, sample)
-        blocks.append(max(1, int(0.02 / (time.perf_counter() - start))))
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(rounds):
-        for i, s in enumerate(sessions):
-            begin = time.perf_counter()
-            for _ in range(blocks[i]):
-                s.run(None, sample)
-            times[i].append((time.perf_counter() - begin) / blocks[i])
-    return [float(np.median(t) * 1e3) for t in times]
+    return interleaved_latency_ms(sessions, sample, budget_s=0.0, block_ms=20.0, min_rounds=rounds, max_rounds=rounds)
 
 
 def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:

@@ -82,10 +82,6 @@ class WeightEncoding:
     moved: int = 0
     why: str = ""
 
-    @property
-    def cost_db(self) -> float:
-        return self.sqnr_db - self.encoded_sqnr_db
-
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -106,8 +106,8 @@ class Reduction:
     """A weighted op's weight as the rows of its kernel's GEMM, in the kernel's reduction order.
 
     ``rows(weight)`` is ``[N, K]``: one row per output channel, ``K`` the reduction of its group
-    (a convolution's kernel positions, each with its group's input channels); ``channels`` says
-    which input channel each position reads (``[N, K]``); ``weight_of(rows)`` is the inverse.
+    (a convolution's kernel positions, each with its group's input channels); ``weight_of(rows)``
+    is the inverse.
     """
 
     op_type: str
@@ -130,18 +130,6 @@ class Reduction:
         if self.op_type == "Gemm" and self.trans_b:
             return rows
         return rows.T
-
-    def channels(self) -> npt.NDArray[np.int64]:
-        """The input channel each reduction position of each row reads."""
-        if self.op_type != "Conv":
-            k = self.shape[1] if self.op_type == "Gemm" and self.trans_b else self.shape[0]
-            n = self.shape[0] if self.op_type == "Gemm" and self.trans_b else self.shape[1]
-            return np.broadcast_to(np.arange(k, dtype=np.int64), (n, k))
-        cout, cin = self.shape[:2]
-        positions = int(np.prod(self.shape[2:], dtype=np.int64))
-        group_of = np.arange(cout) // (cout // self.group)
-        within = np.tile(np.arange(cin, dtype=np.int64), positions)
-        return group_of[:, None] * cin + within[None, :]
 
 
 def is_depthwise(weight_shape: tuple[int, ...], group: int) -> bool:
