@@ -341,6 +341,47 @@ def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stderr.startswith("requant lint: error:") and "bad.onnx" in bad.stderr
 
 
+def test_lint_joins_a_kernel_onnx_runtime_rewrote_and_counts_dynamic_int8_kernels(tmp_path: Path) -> None:
+    """A MatMul -> Add asked to be quantized that ONNX Runtime fuses into a float Gemm (a new name)
+    is still named as asked but float; an LSTM from ONNX Runtime's dynamic quantization counts."""
+    import onnx
+    import onnx.parser
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from requant.report.lint import lint
+
+    text = (
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[4,8] x) => (float[4,3] y) <float s = {0.05},'
+        " uint8 z = {128}, int8[8,3] wq = {1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24},"
+        " float ws = {0.01}, int8 wz = {0}, float[3] b = {0.1, 0.2, 0.3}> {"
+        " xq = QuantizeLinear(x, s, z) xd = DequantizeLinear(xq, s, z) w = DequantizeLinear(wq, ws, wz)"
+        " m = MatMul(xd, w) y = Add(m, b) }"
+    )
+    model = onnx.parser.parse_model(text)
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Add"):
+            node.name = f"linear_{node.op_type}"
+            mark = node.metadata_props.add()
+            mark.key, mark.value = "requant.annotated_by", "PatternQuantizer(Global(), INT8_PER_CHANNEL_WEIGHTS)"
+    found = lint(model)
+    assert found.asked_but_float == ["Add 'linear_Add' (runs as Gemm 'linear_MatMul/MatMulAddFusion')"]
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((1, 32, n)).astype(np.float32), name)
+               for name, n in (("W", 4), ("R", 8))]  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=8)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights,
+    )  # fmt: skip
+    lstm = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    lstm.ir_version = 8
+    onnx.save(lstm, tmp_path / "lstm.onnx")
+    quantize_dynamic(tmp_path / "lstm.onnx", tmp_path / "lstm_int8.onnx", op_types_to_quantize=["LSTM"],
+                     weight_type=QuantType.QInt8)  # fmt: skip
+    assert lint(onnx.load(tmp_path / "lstm_int8.onnx")).int8_kernels == {"DynamicQuantizeLSTM": 1}
+
+
 def test_lint_says_when_onnx_runtime_cannot_load_the_model() -> None:
     from requant.errors import RequantError
     from requant.frontends import load_onnx_text

@@ -33,9 +33,10 @@ __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 INT8_KERNELS = frozenset(
     {
         "QLinearConv", "QLinearConvTranspose", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat",
-        "DynamicQuantizeMatMul", "MatMulNBits", "QGemm", "ConvInteger", "QLinearAdd", "QLinearMul",
-        "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
+        "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulNBits", "QGemm", "ConvInteger", "QLinearAdd",
+        "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
         "QLinearConcat", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QAttention",
+        "QEmbedLayerNormalization",
     }
 )  # fmt: skip
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
@@ -115,7 +116,11 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     """Load ``model`` in ONNX Runtime (CPU, extended optimizations) and read its optimized graph."""
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
     kept = {n.name: p.value for n in proto.graph.node for p in n.metadata_props if p.key == KEPT_FLOAT_KEY}
-    asked = {node.name: node.op_type for node in proto.graph.node if _asked(node) and node.name not in kept}
+    asked_nodes = [node for node in proto.graph.node if _asked(node) and node.name not in kept]
+    asked = {node.name: f"{node.op_type} '{node.name}'" for node in asked_nodes}
+    # a node ONNX Runtime rewrote (MatMul + Add fused into a Gemm) has a new name but still
+    # produces the last original node's output: join on that too
+    asked_outputs = {out: f"{node.op_type} '{node.name}'" for node in asked_nodes for out in node.output}
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -146,8 +151,10 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             result.qdq_pairs.append(label)
         if node.op_type in _QDQ or node.op_type in INT8_KERNELS:
             continue
-        if node.name in asked:  # ONNX Runtime keeps the names of the nodes it did not fuse
-            result.asked_but_float.append(f"{asked[node.name]} '{node.name}' (runs as {node.op_type})")
+        original = asked.get(node.name) or next((asked_outputs[o] for o in node.output if o in asked_outputs), None)
+        if original is not None:  # ONNX Runtime keeps the names of the nodes it did not fuse
+            runs_as = node.op_type if node.name in asked else f"{node.op_type} '{node.name or node.op_type}'"
+            result.asked_but_float.append(f"{original} (runs as {runs_as})")
         fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input)
         feeds = any(c.op_type == "QuantizeLinear" for o in node.output for c in consumers.get(o, []))
         if fed and feeds and node.name in kept:
