@@ -612,3 +612,21 @@ def test_a_process_with_onnx_runtime_s_global_thread_pool_can_quantize_and_lint(
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[('QGemm', 1), ('QLinearConv', 2)] interleaved"
+
+
+def test_a_conv_transpose_stays_float_with_the_reason() -> None:
+    """ONNX Runtime 1.31's CPU provider has no int8 ConvTranspose: asked to quantize one, the target
+    rejects it with the reason, and no QuantizeLinear/DequantizeLinear is spent around it."""
+    import onnx.parser
+
+    weights = ",".join(str(v) for v in np.round(np.random.default_rng(0).standard_normal(128), 3))
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[1,8,6,6] x) => (float[1,4,12,12] y) {'
+        f" w = Constant <value = float[8,4,2,2] {{{weights}}}> () y = ConvTranspose <strides = [2, 2]> (x, w) }}"
+    )
+    calib = [{"x": s} for s in np.random.default_rng(1).standard_normal((4, 1, 8, 6, 6)).astype(np.float32)]
+    report = requant.api.quantize(proto, calib, quantizer=conv_preset(), measure=False).report
+    assert report["lint"]["optimized_graph_ops"] == {"ConvTranspose": 1}
+    assert not report["lint"]["asked_to_be_quantized_but_float"]
+    (rejected,) = [d for q in report["quantizers"]["quantizers"] for d in q["decisions"] if d["status"] == "rejected"]
+    assert rejected["reason"].startswith("ONNX Runtime 1.31's CPU provider has no int8 ConvTranspose")

@@ -55,7 +55,14 @@ def _check_weighted(node_match: Match, config: QuantizationConfig) -> Verdict:
         if node.op_type == "MatMul":  # two activations: QLinearMatMul takes both quantized
             return Accept()
         return Reject(f"{node.op_type} weight '{weight.name if weight else '?'}' is not a constant", at=node)
-    if node.op_type in ("Conv", "ConvTranspose") and data.ndim not in (3, 4):
+    if node.op_type == "ConvTranspose":
+        return Reject(
+            "ONNX Runtime 1.31's CPU provider has no int8 ConvTranspose (its QDQ fusion leaves it float "
+            "between DequantizeLinear and QuantizeLinear): quantizing its input and weight would only add "
+            "rounding and conversions",
+            at=node,
+        )
+    if node.op_type == "Conv" and data.ndim not in (3, 4):
         return Reject(f"ONNX Runtime's int8 {node.op_type} is 1-d or 2-d; this one is {data.ndim - 2}-d", at=node)
     if isinstance(spec, QuantizationSpec):
         if spec.dtype not in WEIGHT_DTYPES:
