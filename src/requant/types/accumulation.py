@@ -84,11 +84,16 @@ class Accumulation:
         Integer weights give exact int64 sums; float weights (unrounded) give float sums."""
         w = _numbers(w)
         lows, highs = np.asarray(lo, w.dtype), np.asarray(hi, w.dtype)
-        positive, negative = np.maximum(w, 0), np.minimum(w, 0)
         if lows.size == 1 and highs.size == 1:  # one range for all inputs: sum the pairs first
             low, high = lows.reshape(-1)[0], highs.reshape(-1)[0]
-            up, down = _pair_sums(positive), _pair_sums(negative)
-            return high * up + low * down, low * up + high * down
+            sums, magnitudes = _pair_sums(w), _pair_sums(np.abs(w))
+            up, down = magnitudes + sums, sums - magnitudes  # twice the positive and the negative parts
+            if low == 0:  # uint8 inputs: the common case, half the arithmetic
+                top, bottom = high * up, high * down
+            else:
+                top, bottom = high * up + low * down, low * up + high * down
+            return (top >> 1, bottom >> 1) if w.dtype.kind == "i" else (top / 2, bottom / 2)  # exact: even
+        positive, negative = np.maximum(w, 0), np.minimum(w, 0)
         return _pair_sums(positive * highs + negative * lows), _pair_sums(positive * lows + negative * highs)
 
     def overflow(self, w: Array, lo: Bound, hi: Bound) -> Array:
