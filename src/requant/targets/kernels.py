@@ -11,11 +11,12 @@ adversarial weights and inputs (``tests/test_kernel_model.py``) and read from ML
 
 - uint8 x int8, CPUs without VNNI (AVX2, and AVX-512 without VNNI): every GEMM (``QGemm``,
   ``QLinearMatMul``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``, ``MatMulInteger``) and
-  every ``QLinearConv`` that is not depthwise (MLAS's ConvSym kernel when the input channels are a
-  multiple of 4 and the output channels of 8, a QGEMM over an NHWC im2col otherwise, one per
-  group) multiply with ``vpmaddubsw``: reduction elements ``2j`` and ``2j + 1`` are added in int16
-  with saturation. A convolution's reduction runs over the kernel positions (row by row) and,
-  within each, the input channels of its group; an odd channel count pairs across positions.
+  every ``QLinearConv`` that is not depthwise (MLAS's ConvSym kernel for one group whose input
+  channels are a multiple of 4 and output channels a multiple of 8, at least 16; a QGEMM over an
+  NHWC im2col otherwise, one per group) multiply with ``vpmaddubsw``: reduction elements ``2j``
+  and ``2j + 1`` are added in int16 with saturation. A convolution's reduction runs over the kernel
+  positions (row by row) and, within each, the input channels of its group; an odd channel count
+  pairs across positions.
 - depthwise ``QLinearConv`` (ConvSym's depthwise kernel, or the generic one): products widened to
   int32, exact.
 - uint8 x uint8 (``vpmaddwd`` on zero-extended words) and int8 x int8 (no x86 ConvSym or QGEMM
