@@ -630,3 +630,53 @@ def test_a_conv_transpose_stays_float_with_the_reason() -> None:
     assert not report["lint"]["asked_to_be_quantized_but_float"]
     (rejected,) = [d for q in report["quantizers"]["quantizers"] for d in q["decisions"] if d["status"] == "rejected"]
     assert rejected["reason"].startswith("ONNX Runtime 1.31's CPU provider has no int8 ConvTranspose")
+
+
+def test_an_output_onto_an_input_or_into_a_missing_folder_is_refused_before_any_work(tmp_path: Path) -> None:
+    """`-o` equal to the input (by path, or by identity through a link) would overwrite the float model;
+    a report in a missing folder failed only after the model was written. Both are refused first:
+    exit 1, one message naming the option, no output, the input untouched."""
+    import os
+    import shutil
+
+    from requant.errors import RequantError
+
+    model = tmp_path / "model.onnx"
+    shutil.copy(DIGITS / "digits_cnn.onnx", model)
+    before = hashlib.sha256(model.read_bytes()).hexdigest()
+    os.link(model, tmp_path / "hard.onnx")
+    (tmp_path / "soft.onnx").symlink_to(model)
+    calib = str(DIGITS / "calib.npz")
+    for out in ("model.onnx", "hard.onnx", "soft.onnx", "./model.onnx"):
+        result = subprocess.run([sys.executable, "-m", "requant", "quantize", "model.onnx", "-o", out, "--calib", calib],
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert f"-o '{out}' is the input model: refusing to overwrite it" in result.stderr
+        assert "Traceback" not in result.stderr
+    missing = run_cli(str(model), "-o", str(tmp_path / "int8.onnx"), "--calib", calib, "--report-json",
+                      str(tmp_path / "nowhere" / "report.json"))  # fmt: skip
+    assert missing.returncode == 1 and "--report-json" in missing.stderr and "does not exist" in missing.stderr
+    same = run_cli(str(model), "-o", str(tmp_path / "int8.onnx"), "--calib", calib, "--report-md",
+                   str(tmp_path / "int8.onnx"))  # fmt: skip
+    assert same.returncode == 1 and "--report-md" in same.stderr and "is also -o" in same.stderr
+    opt = subprocess.run([sys.executable, "-m", "requant", "opt", str(model), "-p", "canonicalize", "-o", str(model)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert opt.returncode == 1 and "is the input model" in opt.stderr
+    with pytest.raises(RequantError, match="output .* is the model: refusing to overwrite it"):
+        requant.api.quantize(model, calib, output=tmp_path / "hard.onnx")
+    assert hashlib.sha256(model.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.onnx", "model.onnx", "soft.onnx"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "=-inf"])
+def test_keep_float_below_must_be_a_finite_number(tmp_path: Path, value: str) -> None:
+    from requant.errors import RequantError
+
+    flag = f"--keep-float-below{value}" if value.startswith("=") else None
+    given = [flag] if flag else ["--keep-float-below", value]
+    result = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(tmp_path / "int8.onnx"), "--calib",
+                     str(DIGITS / "calib.npz"), *given)  # fmt: skip
+    assert result.returncode == 1 and "keep_float_below must be a finite number of dB" in result.stderr
+    assert not (tmp_path / "int8.onnx").exists()
+    with pytest.raises(RequantError, match="keep_float_below must be a finite number of dB"):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", keep_float_below="29")

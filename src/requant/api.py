@@ -8,6 +8,7 @@ the result.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -26,7 +27,8 @@ from requant.calibration.data import iter_samples
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.weight_encoding import WeightEncoding
-from requant.frontends import load, save_onnx, serialized_size
+from requant.errors import RequantError
+from requant.frontends import check_outputs, load, save_onnx, serialized_size
 from requant.passes import get_passes, run_passes
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.report.latency import interleaved_latency_ms, session
@@ -217,6 +219,15 @@ def quantize(
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     """
     started = time.perf_counter()
+    if keep_float_below is not None and (
+        isinstance(keep_float_below, bool)
+        or not isinstance(keep_float_below, int | float)
+        or not math.isfinite(keep_float_below)
+    ):
+        raise RequantError(f"keep_float_below must be a finite number of dB (e.g. 29), got {keep_float_below!r}")
+    if output is not None:  # before any work: a refused run writes nothing
+        check_outputs({"output": output}, {"the model": model, "the calibration data": calibration_data,
+                                           "the evaluation data": eval_data})  # fmt: skip
     chosen_target = get_target(target)
     quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
     keep_float_proto = measure or eval_data is not None

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from requant.frontends import load_onnx, load_onnx_text, save_onnx
+from requant.frontends import check_outputs, load_onnx, load_onnx_text, save_onnx
 from requant.ir import print_model
 from requant.passes import PassOptions, parse_pipeline, pass_names, run_passes
 
@@ -41,6 +41,8 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     passes = parse_pipeline(args.passes)  # unknown names fail before any work
+    if args.output:
+        check_outputs({"-o": args.output}, {"the input model": None if args.input == "-" else args.input})
     model = load_onnx_text(sys.stdin.read(), "standard input") if args.input == "-" else load_onnx(args.input)
     options = PassOptions(
         verify_each=args.verify_each, time_passes=args.time_passes, print_ir_after_all=args.print_ir_after_all

@@ -10,6 +10,7 @@ from typing import Any
 
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
 from requant.errors import RequantError
+from requant.frontends import check_outputs
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
 from requant.targets.registry import DEFAULT_TARGET, TARGETS
 
@@ -110,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
     for key, flag in (("output", "-o/--output"), ("calib", "--calib")):
         if getattr(settings, key) is None:
             raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
+    check_outputs(  # before any work: a refused run writes nothing
+        {"-o": settings.output, "--report-json": settings.report_json, "--report-md": settings.report_markdown},
+        {"the input model": args.input, "the calibration data": settings.calib, "the evaluation data": settings.eval,
+         "the config file": args.config},
+    )  # fmt: skip
     result = quantize(
         args.input,
         _data(settings.calib, settings.images),

@@ -10,11 +10,13 @@ import onnx
 import onnx_ir as ir
 
 from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx, serialized_size
+from requant.frontends.paths import check_outputs
 from requant.frontends.torch_loader import load_torch, module_class, module_path
 
 __all__ = [
     "LoadError",
     "SaveError",
+    "check_outputs",
     "load",
     "load_onnx",
     "load_onnx_text",

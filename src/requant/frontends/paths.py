@@ -1,0 +1,44 @@
+"""Where outputs may go: never onto an input, never twice onto one file, never into a missing folder.
+
+Checked before any work starts, so a refused run writes nothing and leaves every input as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from requant.frontends.onnx_loader import SaveError
+
+__all__ = ["check_outputs"]
+
+PathLike = str | os.PathLike[str]
+
+
+def _same(a: Path, b: Path) -> bool:
+    """The same file: the same resolved path, or (both existing) the same file by identity (a hard
+    link, a symbolic link the resolution missed)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, object]) -> None:
+    """Raise :class:`SaveError` naming the option when an output (``{"-o": path, ...}``) is an
+    input's file (``{"the model": path, ...}``; values that are not paths are skipped), the same
+    file as another output, or in a folder that does not exist."""
+    given = [(name, os.fspath(path), Path(path)) for name, path in outputs.items() if path is not None]
+    files = [(name, Path(path)) for name, path in inputs.items() if isinstance(path, str | os.PathLike)]
+    for i, (name, text, path) in enumerate(given):  # messages show the path as the user gave it
+        for what, source in files:
+            if _same(path, source):
+                raise SaveError(f"{name} '{text}' is {what}: refusing to overwrite it (give another path)")
+        for other, _, earlier in given[:i]:
+            if _same(path, earlier):
+                raise SaveError(f"{name} '{text}' is also {other}: give each output its own file")
+        if not path.parent.is_dir():
+            raise SaveError(f"{name} '{text}': the folder '{path.parent}' does not exist")
