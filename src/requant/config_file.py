@@ -48,7 +48,7 @@ from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
 from requant.quantizers.quantizer import Quantizer, QuantParams
-from requant.targets.registry import DEFAULT_TARGET, TARGETS, get_target
+from requant.targets.registry import DEFAULT_TARGET, get_target
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
@@ -203,8 +203,10 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         raise ConfigFileError(
             f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
         )
-    if settings.target not in TARGETS:
-        raise ConfigFileError(f"{where}: target: unknown target {settings.target!r}; known: {', '.join(TARGETS)}")
+    try:
+        get_target(settings.target)
+    except RequantError as exc:
+        raise ConfigFileError(f"{where}: target: {exc}") from None
     settings.strict = _typed(data.get("strict", False), bool, f"{where}: strict", "true or false")
     if "keep_float_below" in data:
         settings.keep_float_below = float(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from requant.report.saturation import SaturationFinding
+
 __all__ = ["encoding_summary", "to_markdown"]
 
 
@@ -92,11 +94,7 @@ def _lint(lint: Mapping[str, Any]) -> list[str]:
             f"{saturation['kernels_checked']}."
         )
         lines.append("")
-        lines += [
-            f"- {f['op_type']} '{f['node']}': {f['pairs']} pairs in {f['channels']} channels, worst error "
-            f"{f['worst_accumulator_error']} in the accumulator"
-            for f in findings
-        ]
+        lines += [f"- {SaturationFinding(**f).text()}" for f in findings]
         if findings:
             lines.append("")
     return lines
