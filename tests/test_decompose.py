@@ -121,3 +121,66 @@ def test_every_reason_a_batch_norm_is_kept() -> None:
         "not decomposed into Mul -> Add: its scale, bias, mean or variance is not a constant",
         "not decomposed into Mul -> Add: it is in training mode",
     ]
+
+
+def _stems() -> onnx.ModelProto:
+    """An RGB stem (3x3, 3 -> 16 channels: padded), a 5x5 one and an 8-output one (left alone)."""
+    rng = np.random.default_rng(3)
+    x = onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 3, 16, 16])
+    shapes = {"Y": ["N", 16, 8, 8], "Z": ["N", 16, 16, 16], "V": ["N", 8, 16, 16]}
+    outs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in shapes.items()]
+    weights = {"W": (16, 3, 3, 3), "W5": (16, 3, 5, 5), "W8": (8, 3, 3, 3)}
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), n) for n, s in weights.items()]
+    inits.append(onnx.numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "B"))
+    nodes = [
+        onnx.helper.make_node("Conv", ["X", "W", "B"], ["c"], name="stem", pads=[1] * 4, strides=[2, 2]),
+        onnx.helper.make_node("Relu", ["c"], ["Y"], name="relu"),
+        onnx.helper.make_node("Conv", ["X", "W5"], ["Z"], name="five", pads=[2] * 4),
+        onnx.helper.make_node("Conv", ["X", "W8"], ["V"], name="eight", pads=[1] * 4),
+    ]
+    graph = onnx.helper.make_graph(nodes, "stems", [x], outs, inits)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_stem_with_few_input_channels_is_padded_to_a_multiple_of_four() -> None:
+    x = np.random.default_rng(4).uniform(0, 1, (2, 3, 16, 16)).astype(np.float32)
+    model, _ = run_passes(ir.from_proto(_stems()), get_passes("canonicalize"))
+    before = outputs(model, x)
+    assert Quantizer().set_global(PRESETS["UINT8_PER_CHANNEL_WEIGHTS"]).decompose(model.clone()) == ([], [])
+    done, kept = Quantizer().set_global(PRESETS[DEFAULT_PRESET]).decompose(model)
+    assert [(d["node"], d["into"]) for d in done] == [("Conv 'stem'", "Pad 'stem_pad', Conv 'stem'")]
+    assert "ConvSym" in done[0]["why"] and kept == []  # the 5x5 and the 8-output convs: silently left
+    pad, stem = [n for n in model.graph][:2]
+    assert (pad.op_type, stem.inputs[0]) == ("Pad", pad.outputs[0]) and list(pad.outputs[0].shape) == ["N", 4, 16, 16]
+    weight = stem.inputs[1]
+    assert weight is not None and weight.name == "W"  # the weight keeps its name
+    w = weight.const_value.numpy()  # type: ignore[union-attr]
+    assert w.shape == (16, 4, 3, 3) and not w[:, 3].any()
+    for a, b in zip(before, outputs(model, x), strict=True):  # the same function, in float
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_the_padded_stem_runs_int8_exactly_with_the_pad_on_the_integers() -> None:
+    x = np.random.default_rng(5).uniform(0, 1, (16, 3, 16, 16)).astype(np.float32)
+    result = requant.api.quantize(_stems(), {"X": x}, measure=False)
+    graph = result.model.graph
+    (pad,) = [n for n in graph if n.op_type == "Pad"]
+    q, zero_point = pad.inputs[0].producer(), pad.inputs[2]  # type: ignore[union-attr]
+    assert q is not None and q.op_type == "QuantizeLinear" and q.inputs[0] is graph.inputs[0]
+    assert zero_point is q.inputs[2]  # padded with the zero point: dequantized, exactly 0
+    assert pad.outputs[0].dtype == ir.DataType.UINT8 and [u.node.op_type for u in pad.outputs[0].uses()] == [
+        "DequantizeLinear"
+    ]
+    lint = result.report["lint"]
+    assert lint["int8_kernels"] == {"QLinearConv": 3} and lint["float_between_dequantize_and_quantize"] == []
+    assert lint["saturation"]["can_saturate"] == []
+    assert "stem" in {k["node"] for k in result.report["bias_correction"]["kernels"]}  # measured through the Pad
+    proto = ir.to_proto(result.model).SerializeToString()
+    exact = ort.SessionOptions()  # no fusion: float convs on the dequantized values
+    exact.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    fused = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(["Y"], {"X": x})[0]
+    reference = ort.InferenceSession(proto, exact, providers=["CPUExecutionProvider"]).run(["Y"], {"X": x})[0]
+    scales = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
+    step = float(scales["Y_scale"])
+    assert np.abs(fused - reference).max() <= step * 1.001  # int32 sums against float ones: a rounding tie at most
+    assert np.mean(fused == reference) > 0.99

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +73,13 @@ class _ChannelMean(Observer):
         self.energy += float(np.dot(flat, flat))
 
 
+class _Kernel(NamedTuple):
+    node: ir.Node
+    x_float: ir.Value  # its input before QuantizeLinear
+    bias_dq: ir.Node
+    pad: ir.Node | None  # an integer Pad between the QuantizeLinear and the DequantizeLinear
+
+
 def float_parameters(model: ir.Model) -> dict[str, ir.TensorProtocol]:
     """The float weights and biases of the kernels, by value name: taken before materialization."""
     out = {}
@@ -91,8 +98,8 @@ def _dequantized_constant(value: ir.Value | None) -> ir.Node | None:
     return node if node.inputs[0].const_value is not None else None
 
 
-def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> list[tuple[ir.Node, ir.Value, ir.Node]]:
-    """(kernel, its input before QuantizeLinear, the bias's DequantizeLinear) for each kernel to correct."""
+def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> list[_Kernel]:
+    """Each kernel to correct, with its input before QuantizeLinear and the bias's DequantizeLinear."""
     found = []
     for node in model.graph:
         if node.op_type not in KERNELS or len(node.inputs) < 3:
@@ -100,6 +107,9 @@ def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> lis
         x, w, b = node.inputs[0], node.inputs[1], node.inputs[2]
         dq = x.producer() if x is not None else None
         q = dq.inputs[0].producer() if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs[0] else None
+        pad = None
+        if q is not None and q.op_type == "Pad" and q.inputs[0] is not None:  # on the integers (backends.qdq)
+            pad, q = q, q.inputs[0].producer()
         bias_dq = _dequantized_constant(b)
         if q is None or q.op_type != "QuantizeLinear" or q.inputs[0] is None or bias_dq is None:
             continue
@@ -107,12 +117,12 @@ def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> lis
             continue
         if bias_dq.inputs[0].const_value.dtype != ir.DataType.INT32:  # type: ignore[union-attr]
             continue
-        found.append((node, q.inputs[0], bias_dq))
+        found.append(_Kernel(node, q.inputs[0], bias_dq, pad))
     return found
 
 
 def _probe(
-    model: ir.Model, kernels: list[tuple[ir.Node, ir.Value, ir.Node]], floats: Mapping[str, ir.TensorProtocol]
+    model: ir.Model, kernels: list[_Kernel], floats: Mapping[str, ir.TensorProtocol]
 ) -> tuple[ir.Model, list[str], list[str]]:
     """A copy of ``model`` computing, per kernel, quantized output - float output, and the float output
     (the two lists of names)."""
@@ -122,8 +132,13 @@ def _probe(
     values = {str(v.name): v for v in graph_values(probe.graph)}
     taken: set[str | None] = set(values)
     names, references = [], []
-    for kernel, x_float, _ in kernels:
+    for kernel, x_float, _, pad in kernels:
         original = nodes[position[id(kernel)]]
+        x = values[str(x_float.name)]
+        if pad is not None:  # the same zero channels, in float
+            padded = ir.node("Pad", [x, values[str(pad.inputs[1].name)]])  # type: ignore[union-attr]
+            probe.graph.append(padded)
+            x = padded.outputs[0]
         params = []
         for value in kernel.inputs[1:3]:
             assert value is not None and value.name is not None
@@ -131,7 +146,7 @@ def _probe(
             probe.graph.register_initializer(param)
             params.append(param)
         attributes = {a.name: a.value for a in original.attributes.values()}
-        reference = ir.node(kernel.op_type, [values[str(x_float.name)], *params], attributes)
+        reference = ir.node(kernel.op_type, [x, *params], attributes)
         diff = ir.node("Sub", [original.outputs[0], reference.outputs[0]])
         diff.outputs[0].name = fresh_name(f"{kernel.name or kernel.op_type}_bias_shift", taken)
         reference.outputs[0].name = fresh_name(f"{kernel.name or kernel.op_type}_float", taken)
@@ -159,7 +174,7 @@ def correct_biases(
     observers = {name: _ChannelMean() for name in names + references}
     collect(probe, subset, observers, progress, optimize=True)
     done = []
-    for (kernel, _, bias_dq), name, reference in zip(kernels, names, references, strict=True):
+    for (kernel, _, bias_dq, _), name, reference in zip(kernels, names, references, strict=True):
         observer = observers[name]
         if observer.total is None or not observer.count:
             continue

@@ -210,6 +210,8 @@ class Quantizer:
             if config is None or config.name == FLOAT.name:
                 continue
             rule = rules[node.op_type]
+            if not rule.applies(node, config):
+                continue
             label = f"{node.op_type} '{node.name or node.op_type}'"
             reason = rule.check(node)
             if reason is not None:

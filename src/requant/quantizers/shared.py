@@ -13,13 +13,16 @@ parameters, no requantize. The edge cases are decided explicitly and reported:
   table's own values), and the output shares them, so ONNX Runtime gathers int8 rows; when only
   float ops read the output, the table stays float;
 - a Concat (or Max/Min) whose inputs ask for different parameters: the output shares the
-  first input's; propagation requantizes the others.
+  first input's; propagation requantizes the others;
+- a zero ``Pad`` reading an unquantized value, whose output a kernel reads quantized: its input
+  gets that request and the output shares it (the Pad moves integers; see ``_quantize_before_pad``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 
 from requant.ir.annotations import request, set_request
@@ -45,6 +48,26 @@ def _root(value: ir.Value, by_name: dict[str, ir.Value]) -> Request | None:
         source = by_name.get(r.other)
         r = request(source) if source is not None else None
     return r
+
+
+def _quantize_before_pad(node: ir.Node) -> None:
+    """A zero Pad reading a value nothing quantizes, whose output a kernel reads quantized: quantize
+    before the Pad instead of after it, with the same request.
+
+    The same numbers (a zero point stands for 0 exactly), but the Pad then moves the integers: ONNX
+    Runtime keeps a float Pad between DequantizeLinear and QuantizeLinear, and quantizing the
+    smaller input costs less. (The channel padding of ``PAD_CONV_CHANNELS`` makes these.)
+    """
+    source, out = node.inputs[0], node.outputs[0]
+    mode = node.attributes.get("mode")
+    value = constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    if source is None or request(source) is not None or (mode is not None and mode.as_string() != "constant"):
+        return
+    if value is not None and np.any(value != 0):
+        return
+    wanted = request(out)
+    if isinstance(wanted, QuantizationSpec) and wanted.granularity == "per_tensor":
+        set_request(source, wanted)
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,8 @@ class SharedSpecQuantizer:
             if node.op_type == "Gather" and constant(sources[0]) is not None:
                 record.decisions.append(self._embedding(node, sources[0], state))
                 continue
+            if node.op_type == "Pad":
+                _quantize_before_pad(node)
             reason = self._float_reason(node, sources)
             if reason:
                 record.decisions.append(NodeDecision([name], node.op_type, "rejected", reason))

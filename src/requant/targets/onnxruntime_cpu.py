@@ -18,7 +18,7 @@ from requant.ir.annotations import element_name
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
-from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, SUB_TO_ADD
+from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, PAD_CONV_CHANNELS, SUB_TO_ADD
 from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict
 from requant.types import FLOAT_FORMATS
 
@@ -175,5 +175,8 @@ def _weight_rule(node: ir.Node, spec: QuantizationSpec) -> tuple[QuantizationSpe
 
 
 ONNXRUNTIME_CPU = SupportTable(
-    "ONNXRUNTIME_CPU_SUPPORT", _patterns(), _weight_rule, (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD)
+    "ONNXRUNTIME_CPU_SUPPORT",
+    _patterns(),
+    _weight_rule,
+    (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS),
 )
