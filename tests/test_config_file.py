@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from requant.config_file import read_config
+from requant.config_file import ConfigFileError, read_config
 from requant.frontends import load_onnx
 from tests.test_images import write_digits
 
@@ -166,6 +166,18 @@ activations = "float"
         ('[images]\npreset = "vgg"', "images: unknown preset 'vgg'"),
         ('[module_params.features]\nbias = "float"', "module_params.features: unknown key 'bias'"),
         ("", "no calib: give --calib or set 'calib' in the --config file"),
+        (
+            '[configs.X]\nweight = { dtype = "int8", observer = "percentile", observer_options = { percentile = 150 } }',
+            "observer 'percentile': option 'percentile' must be a number in (50, 100], got 150",
+        ),
+        (
+            '[module_params.features]\nactivations = "#requant.spec<uint8, affine, observer = mse{bins = 0}>"',
+            "observer 'mse': option 'bins' must be an integer >= 2, got 0",
+        ),
+        (
+            '[module_params.features]\nactivations = "#requant.spec<uint8, affine, observer = minmax{bins = 8}>"',
+            "observer 'minmax' takes no options; got option 'bins'",
+        ),
     ],
 )
 def test_config_file_mistakes_fail_cleanly(tmp_path: Path, text: str, message: str) -> None:
@@ -183,6 +195,15 @@ def test_a_missing_config_file_is_named(tmp_path: Path) -> None:
     result = run_cli(str(DIGITS / "digits_cnn.onnx"), "--config", str(tmp_path / "nope.toml"), "-o", "x.onnx")
     assert result.returncode == 1
     assert f"no config file at '{tmp_path / 'nope.toml'}'" in result.stderr
+
+
+def test_a_folder_or_non_utf8_file_as_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError, match=f"'{tmp_path}' is a folder, not a config file"):
+        read_config(tmp_path)
+    latin = tmp_path / "latin1.toml"
+    latin.write_bytes('method = "d\xe9faut"\n'.encode("latin-1"))
+    with pytest.raises(ConfigFileError, match=r"is not UTF-8 text \(TOML is UTF-8\): byte 0xe9 at offset 11"):
+        read_config(latin)
 
 
 @pytest.mark.parametrize("doc", ["docs/quickstart.md", "src/requant/config_file.py"])

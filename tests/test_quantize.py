@@ -110,7 +110,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ({"x": np.zeros((4, 1, 7, 8), np.float32)}, "input 'x' expects size 8 on axis 2"),
         ({"x": np.zeros((4, 8, 8), np.float32)}, "input 'x' expects rank 4"),
         ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "the calibration data set is empty"),
-        ({"x": np.full((4, 1, 8, 8), np.nan, np.float32)}, "no finite value was observed"),
+        ({"x": np.full((4, 1, 8, 8), np.nan, np.float32)}, "calibration sample 1: input 'x' has 64 NaN value(s)"),
+        (
+            {"x": np.pad(np.full((3, 1, 8, 8), np.inf, np.float32), ((1, 0), (0, 0), (0, 0), (0, 0)))},
+            "calibration sample 2: input 'x' has 64 infinite value(s) (the first at index [0, 0, 0, 0])",
+        ),
+        (
+            {"x": np.where(np.arange(4 * 64).reshape(4, 1, 8, 8) == 70, 1e30, 0.5).astype(np.float32)},
+            "calibration sample 2: input 'x' reaches 1e+30, 2e+30 times the median sample's largest magnitude (0.5)",
+        ),
+        ({"x": np.float32(0.5)}, "calibration array 'x' is 0-d (a scalar)"),
+        ({"x": np.zeros((4, 8, 8), np.float32)}, "give inputs without one as a folder of one .npz per sample"),
     ],
 )
 def test_bad_calibration_data_fails_cleanly(tmp_path: Path, arrays: dict[str, np.ndarray], message: str) -> None:

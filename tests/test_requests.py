@@ -36,6 +36,16 @@ options = st.dictionaries(
               st.text(max_size=10)),
     max_size=3,
 )  # fmt: skip
+register_observer("zz_user_observer")  # an observer of the user's own takes any options (sorts last in lists)
+# the built-in observers take their own options, checked (requant.ir.requests._OPTIONS)
+observers = st.one_of(
+    st.builds(dict, observer=st.sampled_from(sorted(KNOWN_OBSERVERS)), observer_options=st.just({})),
+    st.builds(dict, observer=st.just("zz_user_observer"), observer_options=options),
+    st.builds(dict, observer=st.just("percentile"), observer_options=st.fixed_dictionaries(
+        {"percentile": st.floats(50.001, 100), "bins": st.integers(2, 4096)})),
+    st.builds(dict, observer=st.just("moving_average_minmax"), observer_options=st.fixed_dictionaries(
+        {"averaging_constant": st.floats(1e-6, 1)})),
+)  # fmt: skip
 
 
 @st.composite
@@ -49,8 +59,7 @@ def specs(draw: st.DrawFn) -> QuantizationSpec:
         granularity=granularity,
         axis=None if granularity == "per_tensor" else draw(st.integers(-4, 4)),
         block_size=draw(st.integers(1, 256)) if granularity == "blockwise" else None,
-        observer=draw(st.sampled_from(sorted(KNOWN_OBSERVERS))),
-        observer_options=draw(options),
+        **draw(observers),
     )
 
 

@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ import onnx_ir as ir
 from requant.backends import materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
-from requant.calibration.data import iter_samples
+from requant.calibration.data import Replayed, iter_samples, load_arrays
+from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.weight_encoding import WeightEncoding
@@ -164,17 +165,22 @@ def _run(
 def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> dict[str, float]:
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
     labels = None
-    if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz":
-        with np.load(data) as archive:
-            if "labels" in archive.files:
-                labels = archive["labels"]
-                data = {k: archive[k] for k in archive.files if k != "labels"}
+    if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz" and Path(data).is_file():
+        arrays = load_arrays(Path(data), "evaluation")
+        if isinstance(arrays, dict) and "labels" in arrays:
+            labels = np.asarray(arrays.pop("labels")).reshape(-1)
+            data = arrays
     outs_f, outs_q = [], []
-    for sample in iter_samples(model, data):
+    for sample in iter_samples(model, data, "evaluation"):
         outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))
         outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
     f, q = np.concatenate(outs_f), np.concatenate(outs_q)
     f2, q2 = f.reshape(len(f), -1), q.reshape(len(q), -1)
+    if labels is not None and len(labels) != len(f2):
+        raise CalibrationError(
+            f"the evaluation data has {len(f2)} samples (first output rows) but {len(labels)} labels: "
+            "'labels' needs one class index per sample"
+        )
     cosine = float(np.mean(np.sum(f2 * q2, 1) / (np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12)))
     noise = float(np.sum((f - q) ** 2))
     metrics = {
@@ -184,8 +190,8 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
         "sqnr_db": float(10 * np.log10(np.sum(f**2) / noise)) if noise > 0 else float("inf"),
     }
     if labels is not None:
-        metrics["float_accuracy"] = float(np.mean(f2.argmax(1) == labels[: len(f2)]))
-        metrics["int8_accuracy"] = float(np.mean(q2.argmax(1) == labels[: len(q2)]))
+        metrics["float_accuracy"] = float(np.mean(f2.argmax(1) == labels))
+        metrics["int8_accuracy"] = float(np.mean(q2.argmax(1) == labels))
     return metrics
 
 
@@ -225,11 +231,16 @@ def quantize(
         or not math.isfinite(keep_float_below)
     ):
         raise RequantError(f"keep_float_below must be a finite number of dB (e.g. 29), got {keep_float_below!r}")
+    for what, source in (("calibration", calibration_data), ("evaluation", eval_data)):
+        if isinstance(source, (str, os.PathLike)) and not Path(source).exists():
+            raise CalibrationError(f"no {what} data at '{source}'")  # before any work
     if output is not None:  # before any work: a refused run writes nothing
         check_outputs({"output": output}, {"the model": model, "the calibration data": calibration_data,
                                            "the evaluation data": eval_data})  # fmt: skip
     chosen_target = get_target(target)
     quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
+    if isinstance(calibration_data, Iterator):  # a generator: read once, its first samples kept for the rest
+        calibration_data = Replayed(calibration_data, DEFAULT_SAMPLES)
     keep_float_proto = measure or eval_data is not None
     measure_kernels = bias_correction or keep_float_below is not None
     cache = StatisticsCache()  # the second pass (keep_float_below) reuses the first one's statistics

@@ -187,6 +187,14 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigFileError(f"no config file at '{file}'") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"'{file}' is a folder, not a config file") from None
+    except OSError as exc:
+        raise ConfigFileError(f"cannot read the config file '{file}': {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(
+            f"'{file}' is not UTF-8 text (TOML is UTF-8): byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(f"'{file}' is not valid TOML: {exc}") from None
     where = str(file)

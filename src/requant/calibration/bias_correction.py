@@ -21,6 +21,7 @@ dequantized constants. The quantized model (QDQ) is changed in place; nothing el
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -30,7 +31,7 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.calibration.data import iter_samples
-from requant.calibration.observers import Observer
+from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import fresh_name, graph_values
 
@@ -70,7 +71,8 @@ class _ChannelMean(Observer):
         self.total = sums if self.total is None else self.total + sums
         self.count += array.size // array.shape[1]
         flat = array.reshape(-1)
-        self.energy += float(np.dot(flat, flat))
+        with np.errstate(over="ignore"):  # an overflow (absurd data) is caught where the energy is read
+            self.energy += float(np.dot(flat, flat))
 
 
 class _Kernel(NamedTuple):
@@ -179,6 +181,11 @@ def correct_biases(
         if observer.total is None or not observer.count:
             continue
         shift = observer.total / observer.count
+        if not np.isfinite(shift).all() or not math.isfinite(observers[reference].energy):
+            raise CalibrationError(
+                f"kernel '{kernel.name}': the float model's output there is not finite (or overflows float64 "
+                "when squared) on the calibration samples; its bias cannot be measured: check the data's scale"
+            )
         signal = observers[reference].energy
         sqnr = 10 * np.log10(signal / observer.energy) if observer.energy > 0 and signal > 0 else float("inf")
         if apply:

@@ -6,19 +6,26 @@ Accepted forms:
   each sample keeps a batch dimension of 1;
 - a ``.npy`` file, or one array, for a single-input model, the same way;
 - a folder of ``.npz``/``.npy`` files, each one sample (or a batch), in file-name order;
-- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run;
+- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run (a
+  generator is read once: what needs data again gets its first samples, see :class:`Replayed`);
 - an :class:`~requant.calibration.images.ImageFolder`: a folder of images with its stated
   preprocessing (a folder of images given as a plain path is an error that says so).
 
 Every sample is checked before it is used: the model's inputs are all there and no other names
 are; ranks and static dimensions match (symbolic ones may differ from sample to sample); float
-arrays are cast to the input's float type, integer arrays to its integer type. A mismatch names
-the input and the sample.
+arrays are cast to the input's float type, integer arrays to its integer type; float values are
+finite. A mismatch names the input and the sample. After the last sample, one sample whose
+largest magnitude at an input is more than a million times the median sample's (a stray 1e30)
+is an error too: alone, it would set that input's whole range.
+
+An input without a batch axis (a state ``[2, B, 128]``, a scalar) cannot be cut from a ``.npz``
+along its first axis: give such data as a folder of one file per sample.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,7 @@ import onnx_ir as ir
 from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 
-__all__ = ["Sample", "check_sample", "iter_samples", "model_inputs"]
+__all__ = ["Replayed", "Sample", "check_sample", "iter_samples", "load_arrays", "model_inputs"]
 
 Sample = dict[str, npt.NDArray[Any]]
 
@@ -64,7 +71,15 @@ def _shape_text(shape: tuple[int | str, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
-def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str) -> Sample:
+# one sample's peak above this many times the median sample's: an outlier (a stray 1e30), not data
+OUTLIER_RATIO = 1e6
+_BATCH_HINT = (
+    "; a .npz or array gives samples along its first axis, each keeping a batch axis of 1: give "
+    "inputs without one as a folder of one .npz per sample"
+)
+
+
+def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str = "") -> Sample:
     if not isinstance(sample, Mapping):
         raise CalibrationError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
     if len(sample) > len(specs) or any(name not in sample for name, _, _ in specs):
@@ -90,42 +105,79 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str) -> Sample:
             if array.ndim != len(shape):
                 raise CalibrationError(
                     f"{where}: input '{name}' expects rank {len(shape)} (shape {_shape_text(shape)}), "
-                    f"got shape {array.shape}"
+                    f"got shape {array.shape}{hint}"
                 )
             for axis, (want, got) in enumerate(zip(shape, array.shape, strict=True)):
-                if isinstance(want, int) and want != got:
+                if isinstance(want, int) and want > 0 and want != got:  # -1 and 0 mark dynamic dims too
                     raise CalibrationError(
                         f"{where}: input '{name}' expects size {want} on axis {axis} "
-                        f"(shape {_shape_text(shape)}), got shape {array.shape}"
+                        f"(shape {_shape_text(shape)}), got shape {array.shape}{hint}"
                     )
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = ~np.isfinite(array)
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            kinds = " and ".join(k for k, m in (("NaN", np.isnan(array)), ("infinite", np.isinf(array))) if m.any())
+            raise CalibrationError(
+                f"{where}: input '{name}' has {int(bad.sum())} {kinds} value(s) (the first at index {list(first)}); "
+                "calibration and evaluation need finite data: fix or drop the sample"
+            )
         out[name] = array
     return out
 
 
-def _rows(arrays: Mapping[str, Any]) -> Iterator[Sample]:
+def _rows(arrays: Mapping[str, Any], what: str) -> Iterator[Sample]:
+    for name, a in arrays.items():
+        if np.ndim(a) == 0:
+            raise CalibrationError(
+                f"{what} array '{name}' is 0-d (a scalar): arrays give samples along their first axis; "
+                "give a scalar input as a folder of one .npz per sample"
+            )
     lengths = {name: len(np.asarray(a)) for name, a in arrays.items()}
     if len(set(lengths.values())) > 1:
-        raise CalibrationError(f"calibration arrays differ in their number of samples: {lengths}")
+        raise CalibrationError(f"{what} arrays differ in their number of samples: {lengths}")
     count = next(iter(lengths.values()), 0)
     for i in range(count):
         yield {name: np.asarray(a)[i : i + 1] for name, a in arrays.items()}
 
 
-def _from_file(path: Path, single_input: str | None) -> Iterator[Sample]:
+def load_arrays(path: Path, what: str) -> dict[str, npt.NDArray[Any]] | npt.NDArray[Any]:
+    """A ``.npz`` file's arrays or a ``.npy`` file's array, all read now; unreadable files (truncated,
+    not NumPy's format, object arrays, which would need unpickling) are a :class:`CalibrationError`."""
+    magic = {".npz": b"PK", ".npy": b"\x93NUMPY"}[path.suffix]
+    try:
+        with open(path, "rb") as f:
+            start = f.read(len(magic))
+    except OSError as exc:
+        raise CalibrationError(f"{what} file '{path}' cannot be read: {exc.strerror or exc}") from None
+    if start != magic:
+        kind = "a zip archive of .npy arrays" if path.suffix == ".npz" else "NumPy's array format"
+        raise CalibrationError(f"{what} file '{path}' is not a {path.suffix} file ({kind}): it starts with {start!r}")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        return np.asarray(np.load(path, allow_pickle=False))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        reason = str(exc) or type(exc).__name__
+        if "allow_pickle" in reason:
+            reason = "it holds object arrays, which would need unpickling (requant never unpickles data)"
+        raise CalibrationError(f"{what} file '{path}' cannot be read as {path.suffix}: {reason}") from None
+
+
+def _from_file(path: Path, single_input: str | None, what: str) -> Iterator[Sample]:
     if path.suffix == ".npz":
-        with np.load(path) as data:
-            yield from _rows({k: data[k] for k in data.files})
+        yield from _rows(load_arrays(path, what), what)  # type: ignore[arg-type]
     elif path.suffix == ".npy":
         if single_input is None:
             raise CalibrationError(
                 f"'{path}': a .npy file can only feed a single-input model; use .npz with input names"
             )
-        yield from _rows({single_input: np.load(path)})
+        yield from _rows({single_input: load_arrays(path, what)}, what)
     else:
-        raise CalibrationError(f"'{path}': calibration files are .npz or .npy")
+        raise CalibrationError(f"'{path}': {what} files are .npz or .npy")
 
 
-def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
+def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
@@ -139,38 +191,97 @@ def _raw(source: Any, single_input: str | None) -> Iterator[Any]:
                 raise CalibrationError(f"'{path}' holds no .npz or .npy files")
             for file in files:
                 if file.suffix == ".npz":
-                    with np.load(file) as data:
-                        yield {k: data[k] for k in data.files}
+                    yield load_arrays(file, what)
                 elif single_input is None:
                     raise CalibrationError(
                         f"'{file}': a .npy file can only feed a single-input model; use .npz with input names"
                     )
                 else:
-                    yield {single_input: np.load(file)}
+                    yield {single_input: load_arrays(file, what)}
             return
         if not path.is_file():
-            raise CalibrationError(f"no calibration data at '{path}'")
-        yield from _from_file(path, single_input)
+            raise CalibrationError(f"no {what} data at '{path}'")
+        yield from _from_file(path, single_input, what)
     elif isinstance(source, np.ndarray):
         if single_input is None:
             raise CalibrationError("one array can only feed a single-input model; give a dict of input name -> array")
-        yield from _rows({single_input: source})
+        yield from _rows({single_input: source}, what)
     elif isinstance(source, Mapping):
-        yield from _rows(source)
-    elif isinstance(source, Iterable):
+        yield from _rows(source, what)
+    elif isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
         yield from source
     else:
-        raise CalibrationError(f"cannot read calibration data from a {type(source).__name__}")
+        raise CalibrationError(
+            f"cannot read {what} data from a {type(source).__name__}: give a .npz/.npy file or a folder of them, "
+            "a dict of input name -> array, an iterable of such dicts, or an ImageFolder"
+        )
 
 
-def iter_samples(model: ir.Model, source: Any) -> Iterator[Sample]:
-    """The checked samples of ``source`` for ``model``; an empty source is an error."""
+def _sliced(source: Any) -> bool:
+    """Samples cut from arrays along their first axis (where a rank mismatch may be a missing batch axis)."""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).is_file()
+    return isinstance(source, (np.ndarray, Mapping))
+
+
+def _check_outliers(peaks: dict[str, list[float]], what: str) -> None:
+    """One sample whose peak is more than ``OUTLIER_RATIO`` times the median sample's: an error naming it."""
+    for name, values in peaks.items():
+        if len(values) < 3:
+            continue
+        median = float(np.median(values))
+        worst = int(np.argmax(values))
+        if median > 0 and values[worst] > OUTLIER_RATIO * median:
+            raise CalibrationError(
+                f"{what} sample {worst + 1}: input '{name}' reaches {values[worst]:.3g}, "
+                f"{values[worst] / median:.2g} times the median sample's largest magnitude ({median:.3g}); "
+                "alone it would set the input's whole range (every other value would round to the zero "
+                "point): fix or drop the sample"
+            )
+
+
+class Replayed:
+    """A one-shot iterator (a generator) made readable more than once without holding all of it.
+
+    The first pass (calibration) yields every sample and keeps the first ``keep``; later passes
+    (bias correction, the latency sample, a second quantization pass) replay those.
+    """
+
+    def __init__(self, source: Iterator[Any], keep: int) -> None:
+        self._source, self._keep = source, keep
+        self._kept: list[Any] = []
+        self._read = False
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._read:
+            yield from self._kept
+            return
+        self._read = True
+        for sample in self._source:
+            if len(self._kept) < self._keep:
+                self._kept.append(sample)
+            yield sample
+
+
+def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Iterator[Sample]:
+    """The checked samples of ``source`` for ``model``; an empty source is an error.
+
+    ``what`` names the data in messages ("calibration", "evaluation"). After the last sample,
+    an outlier sample (see the module's docstring) is an error.
+    """
     inputs = model_inputs(model)
     specs = _specs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None
+    hint = _BATCH_HINT if _sliced(source) else ""
     count = 0
-    raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single)
+    peaks: dict[str, list[float]] = {}
+    raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what)
     for count, raw in enumerate(raws, start=1):
-        yield _check(specs, raw, f"calibration sample {count}")
+        sample = _check(specs, raw, f"{what} sample {count}", hint)
+        for name, array in sample.items():
+            if array.dtype.kind == "f" and array.size:
+                peaks.setdefault(name, []).append(float(np.abs(array).max()))
+        yield sample
     if count == 0:
-        raise CalibrationError("the calibration data set is empty")
+        raise CalibrationError(f"the {what} data set is empty")
+    _check_outliers(peaks, what)

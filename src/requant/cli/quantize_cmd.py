@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,28 @@ def _data(path: str | None, images: Any) -> Any:
     return path
 
 
-def _write(path: str, text: str) -> None:
-    """Write whole or not at all."""
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(text)
-    partial.replace(target)
+def _write_all(model: Any, output: str, texts: dict[str, str]) -> None:
+    """Write the model and the reports whole or not at all: the reports go to temporary files in their
+    folders first, then the model is saved (itself a temporary file and a rename), then the reports
+    are renamed into place. A failure on the way leaves no output."""
+    from requant.frontends import save_onnx
+
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            target = Path(path)
+            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+            with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
+                staged.append((partial, target))
+                f.write(text)
+        save_onnx(model, output)
+        for partial, target in staged:
+            partial.replace(target)
+    except OSError as exc:
+        raise RequantError(f"could not write {exc.filename or 'the outputs'}: {exc.strerror or exc}") from None
+    finally:
+        for partial, _ in staged:
+            partial.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,20 +139,21 @@ def run(args: argparse.Namespace) -> int:
         target=settings.target,
         quantizer=settings.quantizer(),
         method=settings.method,
-        output=settings.output,
         eval_data=_data(settings.eval, settings.images),
         strict=settings.strict,
         bias_correction=settings.bias_correction,
         keep_float_below=settings.keep_float_below,
         measure=args.measure,
     )
+    texts = {}
+    if settings.report_json:
+        texts[settings.report_json] = json.dumps(result.report, indent=2, sort_keys=True, default=str) + "\n"
+    if settings.report_markdown:
+        texts[settings.report_markdown] = to_markdown(result.report)
+    assert settings.output is not None
+    _write_all(result.model, settings.output, texts)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
-    print(f"wrote {settings.output}")
-    if settings.report_json:
-        _write(settings.report_json, json.dumps(result.report, indent=2, sort_keys=True, default=str) + "\n")
-        print(f"wrote {settings.report_json}")
-    if settings.report_markdown:
-        _write(settings.report_markdown, to_markdown(result.report))
-        print(f"wrote {settings.report_markdown}")
+    for path in (settings.output, *texts):
+        print(f"wrote {path}")
     return 0

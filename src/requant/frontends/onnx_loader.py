@@ -175,7 +175,10 @@ def save_onnx(model: ir.Model, path: str | os.PathLike[str], *, external_data: b
     if external_data is None:
         external_data = _has_external(model) or _weight_bytes(model) > _EXTERNAL_THRESHOLD
     data_name = target.name + ".data"
-    tmp_dir = Path(tempfile.mkdtemp(prefix=".requant-save-", dir=target.parent))
+    try:
+        tmp_dir = Path(tempfile.mkdtemp(prefix=".requant-save-", dir=target.parent))
+    except OSError as exc:
+        raise SaveError(f"cannot save to '{target}': cannot write in its folder: {exc.strerror or exc}") from None
     try:
         tmp_model = tmp_dir / target.name
         if external_data:

@@ -30,7 +30,7 @@ def _same(a: Path, b: Path) -> bool:
 def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, object]) -> None:
     """Raise :class:`SaveError` naming the option when an output (``{"-o": path, ...}``) is an
     input's file (``{"the model": path, ...}``; values that are not paths are skipped), the same
-    file as another output, or in a folder that does not exist."""
+    file as another output, a folder, or in a folder that does not exist or is not writable."""
     given = [(name, os.fspath(path), Path(path)) for name, path in outputs.items() if path is not None]
     files = [(name, Path(path)) for name, path in inputs.items() if isinstance(path, str | os.PathLike)]
     for i, (name, text, path) in enumerate(given):  # messages show the path as the user gave it
@@ -42,3 +42,11 @@ def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, o
                 raise SaveError(f"{name} '{text}' is also {other}: give each output its own file")
         if not path.parent.is_dir():
             raise SaveError(f"{name} '{text}': the folder '{path.parent}' does not exist")
+        try:
+            is_folder = path.is_dir()
+        except OSError as exc:  # a name too long, a loop of links
+            raise SaveError(f"{name} '{text}': {exc.strerror or exc}") from None
+        if is_folder:
+            raise SaveError(f"{name} '{text}' is a folder: give a file name")
+        if not os.access(path.parent, os.W_OK):
+            raise SaveError(f"{name} '{text}': the folder '{path.parent}' is not writable")

@@ -17,10 +17,11 @@ saved model keeps them. The calibration and propagation stages turn them into ``
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypedDict
+from typing import Any, TypeAlias, TypedDict
 
 from requant.errors import RequantError
 from requant.types import UniformQuantizedType
@@ -84,6 +85,33 @@ class RangeFlags(TypedDict):
     reduce_range: bool
 
 
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# The built-in observers' options: which observers take each, and what it accepts. (Observers
+# registered by users take whatever options they like.)
+_OPTIONS: dict[str, tuple[tuple[str, ...], Callable[[Any], bool], str]] = {
+    "bins": (("percentile", "entropy", "mse"), lambda v: _number(v) and v == int(v) and v >= 2, "an integer >= 2"),
+    "percentile": (("percentile",), lambda v: _number(v) and 50 < v <= 100, "a number in (50, 100]"),
+    "averaging_constant": (("moving_average_minmax",), lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+}
+_BUILT_IN = {"minmax", "moving_average_minmax", "percentile", "entropy", "mse"}
+
+
+def _check_observer_options(observer: str, options: Mapping[str, Any]) -> None:
+    if observer not in _BUILT_IN:
+        return
+    takes = sorted(k for k, (observers, _, _) in _OPTIONS.items() if observer in observers)
+    for key, value in options.items():
+        if key not in takes:
+            accepted = ", ".join(takes) if takes else "no options"
+            raise RequestError(f"observer '{observer}' takes {accepted}; got option {key!r}")
+        _, ok, what = _OPTIONS[key]
+        if not ok(value):
+            raise RequestError(f"observer '{observer}': option {key!r} must be {what}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class QuantizationSpec:
     """How to quantize one value.
@@ -126,6 +154,7 @@ class QuantizationSpec:
                 raise RequestError(f"observer option names must be identifiers, got {key!r}")
             if not isinstance(value, (bool, int, float, str)):
                 raise RequestError(f"observer option {key!r} must be a number, a string or a bool, got {value!r}")
+        _check_observer_options(self.observer, options)
         object.__setattr__(self, "observer_options", _FrozenOptions(sorted(options.items())))
 
     @property

@@ -1,0 +1,141 @@
+"""Bad data files, bad evaluation data and one-shot data: a clear error before any output, or it works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import requant.api
+from requant.calibration import CalibrationError
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+MODEL = DIGITS / "digits_cnn.onnx"
+
+
+def _quantize_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    out = tmp_path / "out" / "int8.onnx"
+    out.parent.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "requant", "quantize", str(MODEL), "-o", str(out), "--no-measure", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert not any(out.parent.iterdir()), "a failed run left a file"
+    return result
+
+
+def _files(tmp_path: Path) -> dict[str, Path]:
+    """Calibration files that are not what they claim, each written the way a careless user makes them."""
+    (tmp_path / "text.npz").write_text("x,y\n1,2\n")
+    (tmp_path / "png.npy").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    (tmp_path / "truncated.npz").write_bytes((DIGITS / "calib.npz").read_bytes()[:3000])
+    np.save(tmp_path / "objects.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "objects.npz", x=np.array([None, 1], dtype=object))
+    return {p.stem: p for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("text", "calibration file '{path}' is not a .npz file (a zip archive of .npy arrays): it starts with b'x,'"),
+        ("png", "calibration file '{path}' is not a .npy file (NumPy's array format): it starts with b'\\x89PNG"),
+        ("truncated", "calibration file '{path}' cannot be read as .npz: "),
+        ("objects", "cannot be read as .npy: it holds object arrays, which would need unpickling"),
+    ],
+)
+def test_unreadable_data_files_are_named_and_never_unpickled(tmp_path: Path, name: str, message: str) -> None:
+    path = _files(tmp_path)[name]
+    before = path.read_bytes()
+    with pytest.raises(CalibrationError) as raised:
+        requant.api.quantize(MODEL, path, measure=False)
+    assert message.format(path=path) in str(raised.value)
+    assert path.read_bytes() == before
+    npz = _files(tmp_path)["objects"].with_suffix(".npz")
+    with pytest.raises(CalibrationError, match="holds object arrays"):
+        requant.api.quantize(MODEL, npz, measure=False)
+
+
+def test_the_cli_says_which_file_and_exits_1(tmp_path: Path) -> None:
+    path = _files(tmp_path)["truncated"]
+    result = _quantize_cli(tmp_path, "--calib", str(path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"requant quantize: error: calibration file '{path}' cannot be read as .npz" in result.stderr
+
+
+def test_evaluation_data_is_checked_as_evaluation_data(tmp_path: Path) -> None:
+    calib = str(DIGITS / "calib.npz")
+    with np.load(DIGITS / "eval.npz") as archive:
+        x, labels = archive["x"], archive["labels"]
+    np.savez(tmp_path / "short_labels.npz", x=x, labels=labels[:100])
+    np.savez(tmp_path / "bad_name.npz", image=x)
+    bad = x.copy()
+    bad[7, 0, 3, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=bad, labels=labels)
+    cases = {
+        "missing.npz": f"no evaluation data at '{tmp_path / 'missing.npz'}'",
+        "short_labels.npz": "the evaluation data has 450 samples (first output rows) but 100 labels",
+        "bad_name.npz": "evaluation sample 1: the model has no input named 'image' (its inputs: x)",
+        "nan.npz": "evaluation sample 8: input 'x' has 1 NaN value(s) (the first at index [0, 0, 3, 3])",
+    }
+    for name, message in cases.items():
+        with pytest.raises(CalibrationError) as raised:
+            requant.api.quantize(MODEL, calib, eval_data=tmp_path / name, measure=False)
+        assert message in str(raised.value), name
+    result = _quantize_cli(tmp_path, "--calib", calib, "--eval", str(tmp_path / "missing.npz"))
+    assert result.returncode == 1 and f"no evaluation data at '{tmp_path / 'missing.npz'}'" in result.stderr
+
+
+def test_a_one_shot_generator_is_read_once() -> None:
+    with np.load(DIGITS / "calib.npz") as archive:
+        x = archive["x"][:200]
+    reads = []
+
+    def samples() -> Iterator[dict[str, np.ndarray]]:
+        for i in range(len(x)):
+            reads.append(i)
+            yield {"x": x[i : i + 1]}
+
+    from_generator = requant.api.quantize(MODEL, samples(), measure=False)
+    assert reads == list(range(200))  # calibration read it all once; bias correction replayed the first 64
+    from_list = requant.api.quantize(MODEL, [{"x": x[i : i + 1]} for i in range(200)], measure=False)
+    assert from_generator.report["bias_correction"]["kernels"] == from_list.report["bias_correction"]["kernels"]
+
+
+def test_a_dimension_declared_as_minus_one_is_dynamic(tmp_path: Path) -> None:
+    """Models converted from Paddle declare dynamic dimensions as the literal -1."""
+    import onnx
+
+    model = onnx.load(MODEL)
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = -1
+    onnx.save(model, tmp_path / "minus_one.onnx")
+    result = requant.api.quantize(tmp_path / "minus_one.onnx", DIGITS / "calib.npz", measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QLinearConv": 2, "QGemm": 1}
+
+
+def test_outputs_are_written_all_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """The reports are staged before the model is saved: when saving fails, none is left behind."""
+    import requant.frontends
+    from requant.cli.main import main
+    from requant.frontends import SaveError
+
+    def refuse(model: object, path: object) -> None:
+        raise SaveError(f"could not save the model to '{path}': No space left on device")
+
+    calib, out = str(DIGITS / "calib.npz"), tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(requant.frontends, "save_onnx", refuse)
+    args = ["quantize", str(MODEL), "-o", str(out / "m.onnx"), "--calib", calib, "--no-measure",
+            "--report-json", str(out / "r.json"), "--report-md", str(out / "r.md")]  # fmt: skip
+    assert main(args) == 1
+    assert "could not save the model" in capsys.readouterr().err and not any(out.iterdir())
+    monkeypatch.undo()
+    too_long = _quantize_cli(tmp_path, "--calib", calib, "-o", str(out / ("m" * 251 + ".onnx")))
+    assert too_long.returncode == 1 and "File name too long" in too_long.stderr, too_long.stderr
+    (tmp_path / "folder.json").mkdir()
+    result = _quantize_cli(tmp_path, "--calib", calib, "--report-json", str(tmp_path / "folder.json"))
+    assert result.returncode == 1 and f"--report-json '{tmp_path / 'folder.json'}' is a folder" in result.stderr
