@@ -184,3 +184,50 @@ def test_serialized_size_is_the_byte_size_without_serializing_the_weights_togeth
         assert serialized_size(model) == ir.serde.serialize_model(model).ByteSize()
     assert not caplog.records  # onnx-ir's warnings about initializers without data stay quiet
     assert ir.serde.serialize_model(model).SerializeToString() == before  # the model is as it was
+
+
+def _set_external(path: Path, **entries: str) -> None:
+    proto = onnx.load(path, load_external_data=False)
+    for entry in proto.graph.initializer[0].external_data:
+        if entry.key in entries:
+            entry.value = entries[entry.key]
+    onnx.save(proto, path)
+
+
+def test_external_data_must_be_a_relative_path_with_numeric_offsets(tmp_path: Path) -> None:
+    onnx.save(_model(), tmp_path / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
+    _set_external(tmp_path / "m.onnx", offset="ten")
+    with pytest.raises(LoadError, match=r"initializer 'W' has a non-numeric external-data offset or length \('ten'"):
+        load_onnx(tmp_path / "m.onnx")
+    for location in ("/etc/passwd", "../w.bin"):
+        _set_external(tmp_path / "m.onnx", location=location, offset="0")
+        with pytest.raises(LoadError) as raised:
+            load_onnx(tmp_path / "m.onnx")
+        assert f"keeps its data at '{location}', outside the model's folder" in str(raised.value)
+        assert "which has only" not in str(raised.value)  # its size was not read
+
+
+def test_an_opset_newer_than_onnx_knows_is_named() -> None:
+    with pytest.raises(LoadError, match=r"uses opset 99 of the default ONNX domain; the newest requant knows is \d+"):
+        load_onnx(_model(opset=99))
+
+
+def test_initializers_listed_as_inputs_are_constants(caplog: pytest.LogCaptureFixture) -> None:
+    """IR 3 listed every weight among the inputs; requant takes them as the constants they are."""
+    proto = _model(opset=13)
+    proto.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [3, 4]))
+    with caplog.at_level(logging.INFO, logger="requant"):
+        model = load_onnx(proto)
+    assert [v.name for v in model.graph.inputs] == ["X"] and "W" in model.graph.initializers
+    assert "1 initializers listed as inputs are taken as constants: 'W'" in caplog.text
+
+
+def test_onnx_text_must_be_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnxtxt"
+    path.write_bytes(
+        '<ir_version: 10, opset_import: ["" : 21]>\ng (float[1] X) => (float[1] Y) {\n  Y = Relu(X) # \xe9\n}'.encode(
+            "latin-1"
+        )
+    )
+    with pytest.raises(LoadError, match=r"is not UTF-8 text \(ONNX text syntax is UTF-8\): byte 0xe9 at offset"):
+        load_onnx(path)

@@ -139,3 +139,52 @@ def test_outputs_are_written_all_or_none(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "folder.json").mkdir()
     result = _quantize_cli(tmp_path, "--calib", calib, "--report-json", str(tmp_path / "folder.json"))
     assert result.returncode == 1 and f"--report-json '{tmp_path / 'folder.json'}' is a folder" in result.stderr
+
+
+def test_old_and_ir3_style_models_quantize() -> None:
+    """An opset-7 model (converted up) and one listing its weights among its inputs (IR 3's way)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(4, 8)).astype(np.float32), "W")
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])
+    inputs = [x, helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 8])]
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 8])
+    data = [{"X": rng.normal(size=(1, 4)).astype(np.float32)} for _ in range(8)]
+    for opset, ir_version in ((7, 3), (13, 7)):
+        graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "g", inputs, [y], [weight])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+        result = requant.api.quantize(model, data, measure=False)
+        assert [v.name for v in result.model.graph.inputs] == ["X"], opset
+        assert sum(result.report["lint"]["int8_kernels"].values()) == 1, opset
+        proto = ir.to_proto(result.model)
+        scales = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if t.name.endswith("_scale")}
+        dx, dw = float(scales["X_scale"]) / 2, scales["W_scale"] / 2  # rounding: half a step each
+        session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        for sample in data:
+            x, w = sample["X"], numpy_helper.to_array(weight)
+            bound = np.abs(x) @ np.broadcast_to(dw, w.shape) + dx * np.abs(w).sum(0) + 4 * dx * dw
+            assert (np.abs(session.run(None, sample)[0] - x @ w) <= bound + 1e-5).all(), opset
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"quantizer": "INT8"}, "quantizer must be a requant Quantizer, or None for the defaults; got 'INT8' (str)"),
+        ({"output": 7}, "output must be a path (str or os.PathLike), or None; got 7 (int)"),
+        ({"target": 3}, "target must be a target name (a str); got 3 (int)"),
+        ({"method": "foo"}, "method must be None or one of entropy, minmax, moving_average_minmax, mse, percentile"),
+        ({"progress": 3}, "progress must be None or a callable progress(done, total); got 3 (int)"),
+        ({"measure": "no"}, "measure must be True or False; got 'no' (str)"),
+        ({"bias_correction": 1}, "bias_correction must be True or False; got 1 (int)"),
+        ({"keep_float_below": "29"}, "keep_float_below must be a finite number of dB"),
+    ],
+)
+def test_api_arguments_of_the_wrong_kind_are_named(arguments: dict[str, Any], message: str) -> None:
+    from requant.errors import RequantError
+
+    with pytest.raises(RequantError) as raised:
+        requant.api.quantize(MODEL, DIGITS / "calib.npz", **arguments)
+    assert message in str(raised.value)

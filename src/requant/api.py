@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.weight_encoding import WeightEncoding
-from requant.errors import RequantError
+from requant.errors import ArgumentError, RequantError
 from requant.frontends import check_outputs, load, save_onnx, serialized_size
 from requant.passes import get_passes, run_passes
 from requant.quantizers import Quantizer, QuantizerReport
@@ -195,6 +195,27 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
     return metrics
 
 
+def _check_arguments(**given: Any) -> None:
+    """The API's door: an argument of the wrong kind is an :class:`ArgumentError` saying what it accepts
+    (not a TypeError or AttributeError from deep inside)."""
+    from requant.calibration.observers import known_methods
+
+    kinds: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "quantizer": (lambda v: v is None or isinstance(v, Quantizer), "a requant Quantizer, or None for the defaults"),
+        "output": (lambda v: v is None or isinstance(v, str | os.PathLike), "a path (str or os.PathLike), or None"),
+        "target": (lambda v: isinstance(v, str), "a target name (a str)"),
+        "method": (lambda v: v is None or v in known_methods(), f"None or one of {', '.join(known_methods())}"),
+        "progress": (lambda v: v is None or callable(v), "None or a callable progress(done, total)"),
+        "measure": (lambda v: isinstance(v, bool), "True or False"),
+        "strict": (lambda v: isinstance(v, bool), "True or False"),
+        "bias_correction": (lambda v: isinstance(v, bool), "True or False"),
+    }
+    for name, value in given.items():
+        ok, accepted = kinds[name]
+        if not ok(value):
+            raise ArgumentError(f"{name} must be {accepted}; got {value!r} ({type(value).__name__})")
+
+
 def quantize(
     model: Any,
     calibration_data: Any,
@@ -225,6 +246,8 @@ def quantize(
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     """
     started = time.perf_counter()
+    _check_arguments(quantizer=quantizer, output=output, target=target, method=method, progress=progress,
+                     measure=measure, strict=strict, bias_correction=bias_correction)  # fmt: skip
     if keep_float_below is not None and (
         isinstance(keep_float_below, bool)
         or not isinstance(keep_float_below, int | float)

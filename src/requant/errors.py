@@ -6,7 +6,7 @@ CLI turns it into a message and a non-zero exit. Subclasses name the stage.
 
 from __future__ import annotations
 
-__all__ = ["QuantTypeError", "RequantError"]
+__all__ = ["ArgumentError", "QuantTypeError", "RequantError"]
 
 
 class RequantError(Exception):
@@ -15,3 +15,7 @@ class RequantError(Exception):
 
 class QuantTypeError(RequantError, ValueError):
     """A quantized type, its text, or a value checked against it is invalid."""
+
+
+class ArgumentError(RequantError, TypeError):
+    """An API function was given an argument of the wrong kind; the message says what it accepts."""

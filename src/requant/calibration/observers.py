@@ -362,6 +362,11 @@ def register_method(name: str, factory: Factory) -> None:
     _METHODS[name] = factory
 
 
+def known_methods() -> list[str]:
+    """The calibration methods by name, built-in and registered, sorted."""
+    return sorted(_METHODS)
+
+
 def make_observer(spec: QuantizationSpec, axis: int | None = None) -> Observer:
     """The observer a spec asks for (per axis when ``axis`` is given and the method supports it)."""
     factory = _METHODS.get(spec.observer)

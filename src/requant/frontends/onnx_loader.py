@@ -91,7 +91,14 @@ def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Mode
     if not path.is_file():
         raise LoadError(f"no model file at {what}")
     if path.suffix in TEXT_SUFFIXES:
-        return load_onnx_text(path.read_text(), what)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise LoadError(
+                f"{what} is not UTF-8 text (ONNX text syntax is UTF-8): byte {exc.object[exc.start]:#04x} "
+                f"at offset {exc.start}"
+            ) from None
+        return load_onnx_text(text, what)
     try:
         proto = onnx.load(os.fspath(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -112,13 +119,24 @@ def _check_external_data(proto: onnx.ModelProto, base: Path, what: str) -> None:
     for tensor in _external_tensors(proto):
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
+        if os.path.isabs(location) or ".." in Path(location).parts:  # not even looked at: ONNX's rule
+            raise LoadError(
+                f"{what}: initializer '{tensor.name}' keeps its data at '{location}', outside the model's "
+                "folder; ONNX external data must be a path relative to the model, inside its folder"
+            )
         target = (base / location).resolve()
         if not location or not target.is_file():
             raise LoadError(
                 f"{what}: initializer '{tensor.name}' keeps its data in '{location}', "
                 f"which is missing next to the model (looked for {target})"
             )
-        end = int(info.get("offset", "0")) + int(info.get("length", "0"))
+        try:
+            end = int(info.get("offset", "0")) + int(info.get("length", "0"))
+        except ValueError:
+            raise LoadError(
+                f"{what}: initializer '{tensor.name}' has a non-numeric external-data offset or length "
+                f"({info.get('offset')!r}, {info.get('length')!r})"
+            ) from None
         if end > target.stat().st_size:
             raise LoadError(
                 f"{what}: initializer '{tensor.name}' needs bytes up to {end} of '{location}', "
@@ -130,6 +148,12 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
     opset = next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if opset is None:
         raise LoadError(f"{what} imports no version of the default ONNX domain")
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise LoadError(
+            f"{what} uses opset {opset} of the default ONNX domain; the newest requant knows is {newest} "
+            f"(onnx {onnx.__version__})"
+        )
     local = {f.domain for f in proto.functions}
     unknown = sorted({n.domain for n in proto.graph.node} - KNOWN_DOMAINS - local)
     if unknown:
@@ -158,8 +182,21 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
     model = ir.serde.deserialize_model(proto)
     if path is not None:
         ir.external_data.set_base_dir(model.graph, path.parent)
+    _initializers_are_not_inputs(model.graph, what)
     load_annotations(model)
     return model
+
+
+def _initializers_are_not_inputs(graph: ir.Graph, what: str) -> None:
+    """Initializers listed among the graph's inputs (IR 3 listed every weight there; later IRs read
+    it as a default the caller may override) become plain initializers: requant quantizes them as
+    constants, and a quantized weight cannot be overridden with float values anyway."""
+    listed = [v for v in graph.inputs if v.name in graph.initializers]
+    if listed:
+        names = ", ".join(f"'{v.name}'" for v in listed[:5]) + (" ..." if len(listed) > 5 else "")
+        log.info("%s: %d initializers listed as inputs are taken as constants: %s", what, len(listed), names)
+        for value in listed:
+            graph.inputs.remove(value)
 
 
 def save_onnx(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:

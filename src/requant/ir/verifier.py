@@ -6,6 +6,7 @@ Checked, in the main graph, every subgraph and every local function:
 - every node input and graph output is defined before it is used, in this graph or an
   enclosing one (subgraphs may use outer values);
 - every node output is produced by that node;
+- no subgraph returns a value of an enclosing graph directly (ONNX Runtime rejects it);
 - every annotation fits its value (dtype, rank, shape: :func:`check_annotation`), every
   request too, and shared or derived requests name values the graph can see.
 """
@@ -31,9 +32,11 @@ def _graph_problems(
     problems: list[str] = []
     names: dict[str, str] = {}
     defined: set[int] = set(outer)
+    local: set[int] = set()  # defined in this graph itself
 
     def define(value: ir.Value, what: str) -> None:
         defined.add(id(value))
+        local.add(id(value))
         if value.name:
             if value.name in names:
                 problems.append(f"{where}: value name '{value.name}' is defined twice ({names[value.name]}, {what})")
@@ -80,6 +83,11 @@ def _graph_problems(
     for i, value in enumerate(graph.outputs):
         if id(value) not in defined:
             problems.append(f"{where}: graph output {i} '{value.name}' is not defined")
+        elif id(value) not in local:
+            problems.append(
+                f"{where}: graph output {i} '{value.name}' is a value of an enclosing graph returned directly "
+                "(ONNX Runtime and ONNX's checker reject that: a node of this graph must produce it)"
+            )
     problems += _request_problems(graph, set(names) | outer_names, where)
     return problems
 

@@ -11,7 +11,16 @@ import onnx_ir as ir
 from requant.ir.annotations import replace_value
 from requant.ir.queries import DEFAULT_DOMAINS, constant, fresh_name, graph_values, is_op
 
-__all__ = ["DEFAULT_DOMAINS", "adopt_name", "all_nodes", "bypass", "constant", "is_op", "new_initializer"]
+__all__ = [
+    "DEFAULT_DOMAINS",
+    "adopt_name",
+    "all_nodes",
+    "bypass",
+    "constant",
+    "is_op",
+    "keeps_interface",
+    "new_initializer",
+]
 
 
 def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
@@ -45,17 +54,25 @@ def adopt_name(old: ir.Value, new: ir.Value) -> None:
 def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:
     """Remove ``node`` by wiring its output to its input (keeping annotations); False if not safe.
 
-    Not safe when the output is a graph output and the input is a graph input, another
-    graph output or an initializer: renaming it would change the model's interface.
+    Not safe when the output is an output of its graph and the input is not computed by a node of
+    that same graph (a graph input, an initializer, a value of an outer graph a subgraph reads) or
+    is another graph output: renaming it would change the model's interface, or leave a subgraph
+    returning an outer value directly, which ONNX Runtime and ONNX's checker reject.
     """
     graph = node.graph
     source, result = node.inputs[input_index], node.outputs[output_index]
     if graph is None or source is None:
         return False
-    if result.is_graph_output() and (source.is_graph_input() or source.is_graph_output() or source.is_initializer()):
+    if result.is_graph_output() and keeps_interface(node, source):
         return False
     if any(o.uses() or o.is_graph_output() for i, o in enumerate(node.outputs) if i != output_index):
         return False
     replace_value(result, source)
     graph.remove(node, safe=True)
     return True
+
+
+def keeps_interface(node: ir.Node, source: ir.Value) -> bool:
+    """``node``'s output, a graph output, cannot be replaced by ``source`` (see :func:`bypass`)."""
+    producer = source.producer()
+    return producer is None or producer.graph is not node.graph or source.is_graph_output()

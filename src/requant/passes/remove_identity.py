@@ -1,8 +1,10 @@
 """``remove-identity``: ``Identity`` nodes are bypassed, keeping annotations and the model's interface.
 
 Recurses into subgraphs and local functions. An Identity whose output is a
-graph output and whose input is a graph input, another output or an
-initializer stays: removing it would rename the model's interface.
+graph output and whose input is not computed in the same graph (a graph input,
+an initializer, a subgraph's outer-scope value) or is another output stays:
+removing it would rename the model's interface, or make a subgraph return an
+outer value directly (ONNX Runtime and ONNX's checker reject that).
 
 Invariant after: every remaining Identity joins two interface values.
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from requant.passes._base import NodeRewrite
-from requant.passes._rewrite import all_nodes, bypass, is_op
+from requant.passes._rewrite import all_nodes, bypass, is_op, keeps_interface
 
 __all__ = ["PASS", "RemoveIdentity"]
 
@@ -40,13 +42,11 @@ class RemoveIdentity(NodeRewrite):
         left = [
             str(n.outputs[0].name)
             for n in all_nodes(model, functions=True)
-            if is_op(n, "Identity") and not (n.outputs[0].is_graph_output() and _interface(n.inputs[0]))
+            if is_op(n, "Identity")
+            and n.inputs[0] is not None
+            and not (n.outputs[0].is_graph_output() and keeps_interface(n, n.inputs[0]))
         ]
         self.fail_unless(left, "Identity nodes that could be removed remain")
-
-
-def _interface(value: ir.Value | None) -> bool:
-    return value is None or value.is_graph_input() or value.is_graph_output() or value.is_initializer()
 
 
 PASS = RemoveIdentity

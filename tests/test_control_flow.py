@@ -1,0 +1,93 @@
+"""Models with control flow (If, Loop): passes keep their subgraphs valid, the runner calibrates the
+main graph around them, and ONNX Runtime runs the output."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import requant.api
+from requant.frontends import load_onnx_text
+from requant.ir.verifier import VerifyError
+from requant.passes import get_passes, run_passes
+
+WEIGHT = "{1.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.0, 0.0, 1.0}"
+IF_MODEL = f"""
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[1,4] X, bool C) => (float[1,4] Y) {{
+    W = Constant <value = float[4,4] {WEIGHT}> ()
+    h = MatMul(X, W)
+    Y = If (C) <then_branch = then_g () => (float[1,4] t) {{
+        t = Relu(h)
+    }}, else_branch = else_g () => (float[1,4] e) {{
+        e = Identity(h)
+    }}>
+}}
+"""
+LOOP_MODEL = f"""
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[1,4] X) => (float[1,4] Y) {{
+    W = Constant <value = float[4,4] {WEIGHT}> ()
+    V = Constant <value = float[4,4] {WEIGHT}> ()
+    M = Constant <value = int64 {{3}}> ()
+    T = Constant <value = bool {{1}}> ()
+    a = MatMul(X, W)
+    Y = Loop (M, T, a) <body = body (int64 i, bool c, float[1,4] x) => (bool c_out, float[1,4] x_out) {{
+        c_out = Identity(c)
+        m = MatMul(x, V)
+        x_out = Add(m, x)
+    }}>
+}}
+"""
+
+
+def _run(model: ir.Model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]  # type: ignore[no-any-return]
+
+
+def _bound(model: ir.Model, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The int8 MatMul's worst error: half a step of each operand, through the product."""
+    scales = {str(v.name): v.const_value.numpy() for v in model.graph.initializers.values() if v.const_value}
+    dx, dw = float(scales["X_scale"]) / 2, scales["W_scale"] / 2
+    return np.abs(x) @ np.broadcast_to(dw, w.shape) + dx * np.abs(w).sum(0) + len(w) * dx * dw  # type: ignore[no-any-return]
+
+
+def test_an_if_model_quantizes_and_its_branches_stay_valid() -> None:
+    rng = np.random.default_rng(0)
+    data = [{"X": rng.uniform(-1, 1, (1, 4)).astype(np.float32), "C": np.array(i % 2 == 0)} for i in range(16)]
+    float_model = load_onnx_text(IF_MODEL)
+    result = requant.api.quantize(load_onnx_text(IF_MODEL), data, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1}
+    w = np.array(eval(WEIGHT.replace("{", "[").replace("}", "]")), np.float32).reshape(4, 4)
+    for sample in data:
+        got, want = _run(result.model, sample), _run(float_model, sample)
+        h = sample["X"] @ w
+        assert (np.abs(got - want) <= _bound(result.model, sample["X"], w) + 1e-6).all()  # Relu shrinks errors
+        assert np.array_equal(got < 0, (h < 0) & ~sample["C"])  # the branch taken
+
+
+def test_a_loop_model_quantizes_and_runs() -> None:
+    rng = np.random.default_rng(1)
+    data = [{"X": rng.uniform(-1, 1, (1, 4)).astype(np.float32)} for _ in range(16)]
+    float_model = load_onnx_text(LOOP_MODEL)
+    result = requant.api.quantize(load_onnx_text(LOOP_MODEL), data, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1}  # the main graph's MatMul
+    w = np.array(eval(WEIGHT.replace("{", "[").replace("}", "]")), np.float32).reshape(4, 4)
+    growth = np.abs(w + np.eye(4)).sum(0).max() ** 3  # the body, x -> x V + x, three times
+    for sample in data:
+        error = np.abs(_run(result.model, sample) - _run(float_model, sample))
+        assert error.max() <= growth * _bound(result.model, sample["X"], w).max() + 1e-5
+
+
+def test_a_subgraph_returning_an_outer_value_directly_is_named() -> None:
+    broken = load_onnx_text(IF_MODEL)
+    (if_node,) = [n for n in broken.graph if n.op_type == "If"]
+    else_branch = if_node.attributes["else_branch"].as_graph()
+    identity = else_branch.node(0)
+    else_branch.outputs[0] = identity.inputs[0]  # what an Identity removed carelessly leaves
+    else_branch.remove(identity, safe=False)
+    with pytest.raises(VerifyError, match="graph output 0 'h' is a value of an enclosing graph returned directly"):
+        run_passes(broken, get_passes("canonicalize"))
