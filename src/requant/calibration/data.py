@@ -98,7 +98,15 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
         dtype = want_dtype if want_dtype is not None else array.dtype
         if array.dtype != dtype:
             if (dtype.kind == "f" and array.dtype.kind in "fiu") or (dtype.kind in "iu" and array.dtype.kind in "iu"):
-                array = array.astype(dtype)
+                with np.errstate(over="ignore"):
+                    cast = array.astype(dtype)
+                if dtype.kind == "f" and array.dtype.kind == "f" and np.isinf(cast).any() and not np.isinf(array).any():
+                    peak, top = float(np.nanmax(np.abs(array))), float(np.finfo(dtype).max)
+                    raise CalibrationError(
+                        f"{where}: input '{name}' holds {peak:.3g}, beyond {dtype}'s range ({top:.3g}): "
+                        "it would become infinite"
+                    )
+                array = cast
             else:
                 raise CalibrationError(f"{where}: input '{name}' expects {dtype}, got {array.dtype}")
         if shape is not None:
