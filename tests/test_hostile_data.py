@@ -188,3 +188,30 @@ def test_api_arguments_of_the_wrong_kind_are_named(arguments: dict[str, Any], me
     with pytest.raises(RequantError) as raised:
         requant.api.quantize(MODEL, DIGITS / "calib.npz", **arguments)
     assert message in str(raised.value)
+
+
+def test_a_npz_is_read_one_sample_at_a_time(tmp_path: Path) -> None:
+    """Rows come from each array's stream in the zip: memory holds one sample, not the file."""
+    import tracemalloc
+
+    from requant.calibration.data import iter_samples
+    from requant.frontends import load_onnx
+
+    model = load_onnx(MODEL)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (20000, 1, 8, 8)).astype(np.float32)  # 5 MB
+    np.savez(tmp_path / "plain.npz", x=x)
+    np.savez_compressed(tmp_path / "packed.npz", x=x)
+    np.savez(tmp_path / "fortran.npz", x=np.asfortranarray(x[:50]))
+    np.savez(tmp_path / "labelled.npz", x=x[:50], labels=np.arange(50))
+    for name in ("plain.npz", "packed.npz"):
+        sum(1 for _ in iter_samples(model, tmp_path / name))  # the modules it imports are not data
+        tracemalloc.start()
+        count = sum(1 for _ in iter_samples(model, tmp_path / name))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert count == 20000 and peak < 1_000_000, (name, peak)  # the whole array is 5 MB
+    for source, rows in (("fortran.npz", x[:50]), ("packed.npz", x)):
+        got = np.concatenate([s["x"] for s in iter_samples(model, tmp_path / source)])
+        assert np.array_equal(got, rows)
+    assert len(list(iter_samples(model, tmp_path / "labelled.npz", "evaluation"))) == 50  # labels are not an input

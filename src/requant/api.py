@@ -23,7 +23,7 @@ import onnx_ir as ir
 from requant.backends import materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
-from requant.calibration.data import Replayed, iter_samples, load_arrays
+from requant.calibration.data import Replayed, iter_samples, read_labels
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -166,10 +166,7 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
     labels = None
     if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz" and Path(data).is_file():
-        arrays = load_arrays(Path(data), "evaluation")
-        if isinstance(arrays, dict) and "labels" in arrays:
-            labels = np.asarray(arrays.pop("labels")).reshape(-1)
-            data = arrays
+        labels = read_labels(Path(data))  # the samples are read without it, one at a time
     outs_f, outs_q = [], []
     for sample in iter_samples(model, data, "evaluation"):
         outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))

@@ -24,8 +24,12 @@ along its first axis: give such data as a folder of one file per sample.
 
 from __future__ import annotations
 
+import array as pyarray
+import io
+import math
 import os
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ import onnx_ir as ir
 from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 
-__all__ = ["Replayed", "Sample", "check_sample", "iter_samples", "load_arrays", "model_inputs"]
+__all__ = ["Replayed", "Sample", "check_sample", "iter_samples", "model_inputs", "read_labels"]
 
 Sample = dict[str, npt.NDArray[Any]]
 
@@ -148,9 +152,7 @@ def _rows(arrays: Mapping[str, Any], what: str) -> Iterator[Sample]:
         yield {name: np.asarray(a)[i : i + 1] for name, a in arrays.items()}
 
 
-def load_arrays(path: Path, what: str) -> dict[str, npt.NDArray[Any]] | npt.NDArray[Any]:
-    """A ``.npz`` file's arrays or a ``.npy`` file's array, all read now; unreadable files (truncated,
-    not NumPy's format, object arrays, which would need unpickling) are a :class:`CalibrationError`."""
+def _check_magic(path: Path, what: str) -> None:
     magic = {".npz": b"PK", ".npy": b"\x93NUMPY"}[path.suffix]
     try:
         with open(path, "rb") as f:
@@ -160,27 +162,98 @@ def load_arrays(path: Path, what: str) -> dict[str, npt.NDArray[Any]] | npt.NDAr
     if start != magic:
         kind = "a zip archive of .npy arrays" if path.suffix == ".npz" else "NumPy's array format"
         raise CalibrationError(f"{what} file '{path}' is not a {path.suffix} file ({kind}): it starts with {start!r}")
+
+
+def _unreadable(path: Path, what: str, exc: BaseException) -> CalibrationError:
+    reason = str(exc) or type(exc).__name__
+    if any(text in reason for text in ("allow_pickle", "object arrays", "Python objects")):
+        reason = "it holds object arrays, which would need unpickling (requant never unpickles data)"
+    return CalibrationError(f"{what} file '{path}' cannot be read as {path.suffix}: {reason}")
+
+
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error)
+
+
+def _load_whole(path: Path, what: str) -> dict[str, npt.NDArray[Any]] | npt.NDArray[Any]:
+    """A ``.npz`` file's arrays or a ``.npy`` file's array, all read now (a folder's files: one sample each)."""
+    _check_magic(path, what)
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as data:
                 return {k: data[k] for k in data.files}
         return np.asarray(np.load(path, allow_pickle=False))
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        reason = str(exc) or type(exc).__name__
-        if "allow_pickle" in reason:
-            reason = "it holds object arrays, which would need unpickling (requant never unpickles data)"
-        raise CalibrationError(f"{what} file '{path}' cannot be read as {path.suffix}: {reason}") from None
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, what, exc) from None
+
+
+def read_labels(path: Path) -> npt.NDArray[Any] | None:
+    """The ``labels`` array of an evaluation ``.npz``, read alone (None when it has none)."""
+    _check_magic(path, "evaluation")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return np.asarray(data["labels"]).reshape(-1) if "labels" in data.files else None
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, "evaluation", exc) from None
+
+
+def _npz_rows(path: Path, what: str, skip: tuple[str, ...] = ()) -> Iterator[Sample]:
+    """A ``.npz`` file's samples, read one row of each array at a time from its stream in the zip:
+    memory holds one sample, whatever the file's size (an array stored in Fortran order is read
+    whole). Arrays named in ``skip`` are not read."""
+    _check_magic(path, what)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            streams: dict[str, tuple[Any, tuple[int, ...], np.dtype[Any]]] = {}
+            for member in archive.namelist():
+                name = member.removesuffix(".npy")
+                if name in skip:
+                    continue
+                stream = archive.open(member)
+                version = np.lib.format.read_magic(stream)
+                fmt = np.lib.format
+                header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                shape, fortran, dtype = header(stream)
+                if dtype.hasobject:
+                    raise ValueError("object arrays")
+                if len(shape) == 0:
+                    raise CalibrationError(
+                        f"{what} array '{name}' is 0-d (a scalar): arrays give samples along their first axis; "
+                        "give a scalar input as a folder of one .npz per sample"
+                    )
+                if fortran and len(shape) > 1:  # rows are not contiguous: read it whole
+                    data = np.frombuffer(stream.read(), dtype).reshape(shape, order="F")
+                    stream = io.BytesIO(np.ascontiguousarray(data).tobytes())
+                streams[name] = (stream, shape, dtype)
+            counts = {name: shape[0] for name, (_, shape, _) in streams.items()}
+            if len(set(counts.values())) > 1:
+                raise CalibrationError(f"{what} arrays differ in their number of samples: {counts}")
+            for _ in range(next(iter(counts.values()), 0)):
+                sample = {}
+                for name, (stream, shape, dtype) in streams.items():
+                    size = dtype.itemsize * math.prod(shape[1:])
+                    raw = stream.read(size)
+                    if len(raw) != size:
+                        raise EOFError(f"array '{name}' ends early")
+                    sample[name] = np.frombuffer(raw, dtype).reshape(1, *shape[1:])
+                yield sample
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, what, exc) from None
 
 
 def _from_file(path: Path, single_input: str | None, what: str) -> Iterator[Sample]:
     if path.suffix == ".npz":
-        yield from _rows(load_arrays(path, what), what)  # type: ignore[arg-type]
+        yield from _npz_rows(path, what, skip=("labels",) if what == "evaluation" else ())
     elif path.suffix == ".npy":
         if single_input is None:
             raise CalibrationError(
                 f"'{path}': a .npy file can only feed a single-input model; use .npz with input names"
             )
-        yield from _rows({single_input: load_arrays(path, what)}, what)
+        _check_magic(path, what)
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)  # memory-mapped: rows read as used
+        except _READ_ERRORS as exc:
+            raise _unreadable(path, what, exc) from None
+        yield from _rows({single_input: array}, what)
     else:
         raise CalibrationError(f"'{path}': {what} files are .npz or .npy")
 
@@ -199,13 +272,13 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
                 raise CalibrationError(f"'{path}' holds no .npz or .npy files")
             for file in files:
                 if file.suffix == ".npz":
-                    yield load_arrays(file, what)
+                    yield _load_whole(file, what)
                 elif single_input is None:
                     raise CalibrationError(
                         f"'{file}': a .npy file can only feed a single-input model; use .npz with input names"
                     )
                 else:
-                    yield {single_input: load_arrays(file, what)}
+                    yield {single_input: _load_whole(file, what)}
             return
         if not path.is_file():
             raise CalibrationError(f"no {what} data at '{path}'")
@@ -232,7 +305,7 @@ def _sliced(source: Any) -> bool:
     return isinstance(source, (np.ndarray, Mapping))
 
 
-def _check_outliers(peaks: dict[str, list[float]], what: str) -> None:
+def _check_outliers(peaks: dict[str, pyarray.array[float]], what: str) -> None:
     """One sample whose peak is more than ``OUTLIER_RATIO`` times the median sample's: an error naming it."""
     for name, values in peaks.items():
         if len(values) < 3:
@@ -282,13 +355,13 @@ def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Ite
     single = str(inputs[0].name) if len(inputs) == 1 else None
     hint = _BATCH_HINT if _sliced(source) else ""
     count = 0
-    peaks: dict[str, list[float]] = {}
+    peaks: dict[str, pyarray.array[float]] = {}  # 8 bytes a sample
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what)
     for count, raw in enumerate(raws, start=1):
         sample = _check(specs, raw, f"{what} sample {count}", hint)
-        for name, array in sample.items():
-            if array.dtype.kind == "f" and array.size:
-                peaks.setdefault(name, []).append(float(np.abs(array).max()))
+        for name, value in sample.items():
+            if value.dtype.kind == "f" and value.size:
+                peaks.setdefault(name, pyarray.array("d")).append(float(np.abs(value).max()))
         yield sample
     if count == 0:
         raise CalibrationError(f"the {what} data set is empty")

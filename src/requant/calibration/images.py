@@ -80,7 +80,12 @@ class ImagePreprocessing:
             if isinstance(settings.get(key), list):
                 settings[key] = tuple(settings[key])
         base = IMAGE_PRESETS[preset] if preset else cls()
-        return dataclasses.replace(base, **settings)
+        try:
+            return dataclasses.replace(base, **settings)
+        except CalibrationError as exc:
+            raise CalibrationError(f"{where}: {exc}") from None
+        except (TypeError, ValueError) as exc:  # mean = "abc", std = [true]...
+            raise CalibrationError(f"{where}: {exc}; mean and std take numbers, crop and resize integers") from None
 
 
 IMAGENET = ImagePreprocessing(resize=256, crop=224, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
