@@ -29,8 +29,10 @@ from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.weight_encoding import WeightEncoding
 from requant.errors import ArgumentError, RequantError
-from requant.frontends import check_outputs, load, save_onnx, serialized_size
+from requant.frontends import LoadError, check_outputs, load, save_onnx, serialized_size
+from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
+from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
@@ -71,8 +73,25 @@ def prepare(
         source = source.clone()
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
+    for value in model.graph.inputs:
+        if value.dtype == ir.DataType.BFLOAT16 and value.name not in model.graph.initializers:
+            raise LoadError(
+                f"input '{value.name}' is bfloat16: ONNX Runtime's Python API takes no bfloat16 arrays (NumPy has no "
+                "such type), so the model cannot be calibrated, nor its quantized version fed; export it with float32 "
+                "or float16 inputs (bfloat16 weights and ops inside are fine: requant computes them in float32)"
+            )
+    half = sorted({str(v.dtype) for v in iter_values(model.graph) if v.dtype in HALF})
+    if half:  # ONNX Runtime's CPU int8 kernels (every target so far) take float32 scales and activations
+        model, _ = run_passes(model, get_passes("compute-in-float32"))
     quantizer = quantizer or Quantizer(chosen.table).set_global_by_model()
-    return model, quantizer.quantize(model, strict=strict, presets=chosen.presets)
+    report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
+    if half:
+        kind = " and ".join(t.lower() for t in half)
+        report.compute = (
+            f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
+            f"activations: its inputs and outputs keep their {kind} types, through Casts)"
+        )
+    return model, report
 
 
 def convert(
@@ -318,6 +337,8 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     lines = [f"target: {report['target']}"]
     if report["quantizers"].get("preset_choice"):
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
+    if report["quantizers"].get("compute"):
+        lines.append(f"compute: {report['quantizers']['compute']}")
     if report.get("weight_encoding", {}).get("kernels"):
         lines.append(f"int8 weights: {encoding_summary(report['weight_encoding'])}")
     lines += [

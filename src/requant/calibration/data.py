@@ -75,6 +75,15 @@ def _shape_text(shape: tuple[int | str, ...]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
+def _floating(dtype: np.dtype[Any]) -> bool:
+    """NumPy's floats, and ml_dtypes' (bfloat16, float8...: kind 'V' to NumPy) that onnx-ir maps ONNX's to."""
+    return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
+
+
+def _nonfinite(array: npt.NDArray[Any]) -> bool:
+    return not np.isfinite(array if array.dtype.kind == "f" else array.astype(np.float32)).all()
+
+
 # one sample's peak above this many times the median sample's: an outlier (a stray 1e30), not data
 OUTLIER_RATIO = 1e6
 _BATCH_HINT = (
@@ -101,10 +110,10 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
         array = np.asarray(sample[name])
         dtype = want_dtype if want_dtype is not None else array.dtype
         if array.dtype != dtype:
-            if (dtype.kind == "f" and array.dtype.kind in "fiu") or (dtype.kind in "iu" and array.dtype.kind in "iu"):
+            if (_floating(dtype) and array.dtype.kind in "fiu") or (dtype.kind in "iu" and array.dtype.kind in "iu"):
                 with np.errstate(over="ignore"):
                     cast = array.astype(dtype)
-                if dtype.kind == "f" and array.dtype.kind == "f" and np.isinf(cast).any() and not np.isinf(array).any():
+                if _floating(dtype) and array.dtype.kind == "f" and _nonfinite(cast) and not np.isinf(array).any():
                     peak, top = float(np.nanmax(np.abs(array))), float(np.finfo(dtype).max)
                     raise CalibrationError(
                         f"{where}: input '{name}' holds {peak:.3g}, beyond {dtype}'s range ({top:.3g}): "
@@ -125,10 +134,11 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
                         f"{where}: input '{name}' expects size {want} on axis {axis} "
                         f"(shape {_shape_text(shape)}), got shape {array.shape}{hint}"
                     )
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            bad = ~np.isfinite(array)
+        if _floating(array.dtype) and _nonfinite(array):
+            array32 = array.astype(np.float32) if array.dtype.kind != "f" else array
+            bad = ~np.isfinite(array32)
             first = tuple(int(i) for i in np.argwhere(bad)[0])
-            kinds = " and ".join(k for k, m in (("NaN", np.isnan(array)), ("infinite", np.isinf(array))) if m.any())
+            kinds = " and ".join(k for k, m in (("NaN", np.isnan(array32)), ("infinite", np.isinf(array32))) if m.any())
             raise CalibrationError(
                 f"{where}: input '{name}' has {int(bad.sum())} {kinds} value(s) (the first at index {list(first)}); "
                 "calibration and evaluation need finite data: fix or drop the sample"
@@ -360,8 +370,8 @@ def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Ite
     for count, raw in enumerate(raws, start=1):
         sample = _check(specs, raw, f"{what} sample {count}", hint)
         for name, value in sample.items():
-            if value.dtype.kind == "f" and value.size:
-                peaks.setdefault(name, pyarray.array("d")).append(float(np.abs(value).max()))
+            if _floating(value.dtype) and value.size:
+                peaks.setdefault(name, pyarray.array("d")).append(float(np.abs(value.astype(np.float32)).max()))
         yield sample
     if count == 0:
         raise CalibrationError(f"the {what} data set is empty")

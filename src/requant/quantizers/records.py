@@ -62,10 +62,12 @@ class QuantizerReport:
     decomposed: list[dict[str, str]] = field(default_factory=list)
     not_decomposed: list[dict[str, str]] = field(default_factory=list)
     preset_choice: str = ""  # why the global preset is the one it is, when requant chose it
+    compute: str = ""  # a change of the model's float type before quantizing, and why
 
     def to_json(self) -> dict[str, Any]:
         return {
             "preset_choice": self.preset_choice,
+            "compute": self.compute,
             "decomposed": self.decomposed,
             "not_decomposed": self.not_decomposed,
             "quantizers": [r.to_json() for r in self.records],
@@ -79,6 +81,8 @@ class QuantizerReport:
         lines = [rule, "QUANTIZATION REPORT".center(100), rule]
         if self.preset_choice:
             lines.append(f"Preset: {self.preset_choice}")
+        if self.compute:
+            lines.append(f"Compute: {self.compute}")
         for d in self.decomposed:
             lines.append(f"Decomposed {d['node']} into {d['into']} ({d['why']})")
         for d in self.not_decomposed:
