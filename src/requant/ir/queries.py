@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-__all__ = ["DEFAULT_DOMAINS", "constant", "fresh_name", "graph_values", "is_op", "op_name"]
+__all__ = ["DEFAULT_DOMAINS", "constant", "fresh_name", "graph_values", "is_op", "op_name", "subgraphs"]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -47,3 +47,14 @@ def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
         tensor = producer.attributes["value"].as_tensor()
         return tensor.numpy()
     return None
+
+
+def subgraphs(attr: ir.Attr) -> list[ir.Graph]:
+    """The graphs an attribute holds: an If's branch, a Loop's body, a Scan's; none for other kinds."""
+    if attr.is_ref():
+        return []
+    if attr.type == ir.AttributeType.GRAPH:
+        return [attr.as_graph()]
+    if attr.type == ir.AttributeType.GRAPHS:
+        return list(attr.as_graphs())
+    return []

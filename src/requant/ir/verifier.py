@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.annotations import AnnotationError, check_annotation, check_request, quant_type, request
+from requant.ir.queries import subgraphs
 from requant.ir.requests import DerivedSpec, SharedSpec
 
 __all__ = ["VerifyError", "verify_model", "verify_problems"]
@@ -63,16 +64,7 @@ def _graph_problems(
             if used is not None and id(used) not in defined:
                 problems.append(f"{where}: {label} uses input {i} '{used.name}' before it is defined")
         for attr in node.attributes.values():
-            if attr.is_ref():
-                continue
-            subgraphs = (
-                [attr.as_graph()]
-                if attr.type == ir.AttributeType.GRAPH
-                else list(attr.as_graphs())
-                if attr.type == ir.AttributeType.GRAPHS
-                else []
-            )
-            for sub in subgraphs:
+            for sub in subgraphs(attr):
                 problems += _graph_problems(
                     sub, frozenset(defined), f"{where} > {label}.{attr.name}", frozenset(names) | outer_names
                 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from requant.ir.queries import fresh_name, graph_values
+from requant.ir.queries import fresh_name, graph_values, subgraphs
 from requant.passes._base import Pass
 
 __all__ = ["HALF", "PASS", "ComputeInFloat32"]
@@ -65,14 +65,7 @@ def _widen_graph(graph: ir.Graph) -> bool:
                 value.dtype = ir.DataType.FLOAT
                 changed = True
         for attr in node.attributes.values():
-            subgraphs = (
-                [attr.as_graph()]
-                if attr.type == ir.AttributeType.GRAPH
-                else list(attr.as_graphs())
-                if attr.type == ir.AttributeType.GRAPHS
-                else []
-            )
-            for sub in subgraphs:
+            for sub in subgraphs(attr):
                 for value in [*sub.inputs, *sub.initializers.values()]:
                     if value.const_value is not None and value.const_value.dtype in HALF:
                         value.const_value = _widen_tensor(value.const_value)
