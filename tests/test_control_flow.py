@@ -91,3 +91,15 @@ def test_a_subgraph_returning_an_outer_value_directly_is_named() -> None:
     else_branch.remove(identity, safe=False)
     with pytest.raises(VerifyError, match="graph output 0 'h' is a value of an enclosing graph returned directly"):
         run_passes(broken, get_passes("canonicalize"))
+
+
+def test_requant_opt_verify_each_also_runs_onnx_checker() -> None:
+    """What requant's verifier does not know (an op's schema) ONNX's checker does, after every pass."""
+    from requant.passes import PassOptions
+
+    model = load_onnx_text(IF_MODEL)
+    (matmul,) = [n for n in model.graph if n.op_type == "MatMul"]
+    matmul.attributes["transA"] = ir.AttrInt64("transA", 1)  # MatMul has no such attribute
+    run_passes(model.clone(), get_passes("remove-identity"))  # requant's own verifier is content
+    with pytest.raises(VerifyError, match="after pass 'remove-identity', ONNX's checker rejects the model"):
+        run_passes(model, get_passes("remove-identity"), PassOptions(check_onnx=True))

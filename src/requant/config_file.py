@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -254,6 +255,11 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
                 _typed(v, str, f"{at}.op_type", "op type names")
         else:
             _typed(value, str, f"{at}.{selector}", "a string")
+        if selector == "node_regex":
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ConfigFileError(f"{at}.node_regex: {value!r} is not a regular expression: {exc}") from None
         if "config" not in entry:
             raise ConfigFileError(f'{at}: needs a config (a preset, a [configs] name, or "float")')
         settings.overrides.append((selector, value, _named_config(entry["config"], settings.configs, f"{at}.config")))

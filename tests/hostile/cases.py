@@ -346,6 +346,9 @@ CONFIGS: list[tuple[str, str, str]] = [
      "observer 'minmax' takes no options; got option 'bins'"),
     ("unknown observer", '[module_params.features]\nactivations = "#requant.spec<uint8, affine, observer = kl>"', "observer 'kl' is not one of"),
     ("calib not a string", "calib = 3", "calib: expected a path (a string), got 3"),
+    ("invalid regex", '[[override]]\nnode_regex = "(["\nconfig = "float"',
+     "run.toml: override 1.node_regex: '([' is not a regular expression: unterminated character set at position 1"),
+    ("selector not a string", '[[override]]\nnode = 3\nconfig = "float"', "run.toml: override 1.node: expected a string, got 3"),
 ]  # fmt: skip
 
 
@@ -394,5 +397,60 @@ def api_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+# ------------------------------------------------------------------------------- the other commands
+
+TYPES: list[tuple[str, str]] = [  # MLIR's own messages, with the position
+    ("garbage", "1:1: expected a builtin float or integer type or a quantized type, got 'garbage'"),
+    ("!quant.uniform<i8:f32, 0.0>", "1:24: scale 0.000000e+00 out of expressed type range"),
+    ("!quant.uniform<i8:f32, 0.5:300>", "1:28: zero point 300 out of storage type i8 range [-128, 127]"),
+    ("!quant.uniform<i8:f32, nan>", "1:24: expected floating point literal"),
+    ("!quant.uniform<i8:f32, 0.5", "1:27: expected '>'"),
+    ("tensor<2x!quant.uniform<i8:f32:1, {0.5, 0.25, 0.125}>>", "quantized dimension must be less than tensor rank"),
+    ("", "1:1: expected an element type"),
+    ("!quant.uniform<i8<-200:100>:f32, 0.5>", "1:19: illegal storage type minimum: -200"),
+    ("!quant.uniform<i65:f32, 0.5>", "1:16: illegal storage type size: 65"),
+    ("!quant.uniform<i8:f32:-1, {0.5}>", "1:8: illegal quantized dimension: -1"),
+    ("!quant.uniform<i8:i32, 0.5>", "1:19: invalid kind of type specified: expected a floating-point type, got 'i32'"),
+    (
+        "tensor<2x3x!quant.uniform<i8:f32:1, {0.5, 0.25}>>",
+        "quantized dimension size does not match number of scales (dimension 1 has size 3, the type has 2 scales)",
+    ),
+]
+
+
+def other_command_cases() -> list[Case]:
+    cases = []
+    for name, content, message in MODELS:
+        make = _write(name, content)
+        for command in ("opt", "lint"):
+
+            def argv(tmp: Path, make: Callable[[Path], str] = make, command: str = command) -> list[str]:
+                model = str(tmp / make(tmp))
+                return (
+                    [command, model, "-p", "canonicalize", "-o", str(tmp / "out.onnx")]
+                    if command == "opt"
+                    else [command, model]
+                )
+
+            cases.append(Case(command, name, message.replace("{tmp}", "{tmp}"), argv))
+    for text, message in TYPES:
+        cases.append(Case("type", text or "empty", message, lambda t, text=text: ["type", text]))
+    model = "{tmp}/digits_cnn.onnx"
+    cases += [
+        Case("opt", "unknown pass", "unknown pass 'canonicalise' (did you mean 'canonicalize'?)",
+             lambda t: ["opt", model.format(tmp=t), "-p", "canonicalise"]),
+        Case("opt", "empty pipeline", "empty pass name in pipeline 'canonicalize,'",
+             lambda t: ["opt", model.format(tmp=t), "-p", "canonicalize,"]),
+        Case("opt", "output onto the input", "is the input model: refusing to overwrite it",
+             lambda t: ["opt", model.format(tmp=t), "-p", "canonicalize", "-o", model.format(tmp=t)]),
+        Case("opt", "output in a missing folder", "the folder '{tmp}/no' does not exist",
+             lambda t: ["opt", model.format(tmp=t), "-p", "canonicalize", "-o", str(t / "no" / "o.onnx")]),
+        Case("lint", "missing", "no model file at '{tmp}/missing.onnx'", lambda t: ["lint", str(t / "missing.onnx")]),
+        Case("opt", "missing", "no model file at '{tmp}/missing.onnx'",
+             lambda t: ["opt", str(t / "missing.onnx"), "-p", "canonicalize"]),
+    ]  # fmt: skip
+    return cases
+
+
 def all_cases() -> list[Case]:
-    return model_cases() + data_cases() + option_cases() + config_cases() + api_cases()
+    return model_cases() + data_cases() + option_cases() + config_cases() + api_cases() + other_command_cases()

@@ -27,8 +27,8 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 def test_there_are_many_cases_in_every_group() -> None:
     groups = {c.group for c in CASES}
-    assert groups == {"model", "data", "evaluation data", "options", "config", "api"}
-    assert len(CASES) >= 100 and len({(c.group, c.name) for c in CASES}) == len(CASES)
+    assert groups == {"model", "data", "evaluation data", "options", "config", "api", "opt", "lint", "type"}
+    assert len(CASES) >= 150 and len({(c.group, c.name) for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.group}: {c.name}" for c in CASES])
@@ -49,7 +49,7 @@ def test_a_bad_input_gets_one_clear_error_and_loses_nothing(
         assert code == case.code, err
         assert message in err, err
         assert "Traceback" not in err and err.count("error:") == 1
-        assert err.startswith("requant quantize: error: " if case.code == 1 else "usage: requant quantize")
+        assert err.startswith(f"requant {argv[0]}: error: " if case.code == 1 else f"usage: requant {argv[0]}")
         assert _snapshot(tmp_path) == before  # no output, no temporary file, every input unchanged
         assert time.perf_counter() - started < 30
     if case.api is not None:

@@ -33,7 +33,7 @@ def register(commands: Any) -> None:
         "--verify-each",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="verify the IR before and after every pass (default: on)",
+        help="verify the IR before and after every pass, and run ONNX's checker after each (default: on)",
     )
     sub.add_argument("--time-passes", action="store_true", help="print how long each pass took (stderr)")
     sub.set_defaults(run=run)
@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         check_outputs({"-o": args.output}, {"the input model": None if args.input == "-" else args.input})
     model = load_onnx_text(sys.stdin.read(), "standard input") if args.input == "-" else load_onnx(args.input)
     options = PassOptions(
-        verify_each=args.verify_each, time_passes=args.time_passes, print_ir_after_all=args.print_ir_after_all
+        verify_each=args.verify_each,
+        check_onnx=args.verify_each,
+        time_passes=args.time_passes,
+        print_ir_after_all=args.print_ir_after_all,
     )
     model, _ = run_passes(model, passes, options, out=sys.stderr)
     if args.output:

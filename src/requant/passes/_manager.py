@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
@@ -32,6 +33,7 @@ class PassOptions:
     """How to run a pipeline (the switches of ``requant opt``)."""
 
     verify_each: bool = True
+    check_onnx: bool = False  # also ONNX's checker after every pass (requant opt --verify-each)
     time_passes: bool = False
     print_ir_after_all: bool = False
 
@@ -49,6 +51,15 @@ def _verify(model: ir.Model, when: str) -> None:
     problems = verify_problems(model)
     if problems:
         raise VerifyError(f"the IR is not well formed {when} ({len(problems)} problems):\n  " + "\n  ".join(problems))
+
+
+def _check_onnx(model: ir.Model, name: str) -> None:
+    """ONNX's own checker on the model a pass left (what ONNX Runtime will be given)."""
+    try:
+        onnx.checker.check_model(ir.to_proto(model), full_check=False)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise VerifyError(f"after pass '{name}', ONNX's checker rejects the model: {first}") from None
 
 
 def run_passes(
@@ -76,6 +87,8 @@ def run_passes(
         model = result.model
         if options.verify_each:
             _verify(model, f"after pass '{p.name}'")
+        if options.check_onnx:
+            _check_onnx(model, p.name)
         if options.print_ir_after_all:
             stream.write(f"// ----- IR after {p.name} -----\n{print_model(model)}")
     if options.time_passes:

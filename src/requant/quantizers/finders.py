@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY
 from requant.ir.queries import op_name
+from requant.ir.requests import RequestError
 
 __all__ = [
     "All",
@@ -104,6 +105,13 @@ class NodeName(NodeFinder):
 
     name: str
     regex: bool = False
+
+    def __post_init__(self) -> None:
+        if self.regex:
+            try:
+                re.compile(self.name)
+            except re.error as exc:
+                raise RequestError(f"node name pattern {self.name!r} is not a regular expression: {exc}") from None
 
     def matches(self, node: ir.Node) -> bool:
         if self.regex:
