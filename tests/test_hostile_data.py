@@ -215,3 +215,36 @@ def test_a_npz_is_read_one_sample_at_a_time(tmp_path: Path) -> None:
         got = np.concatenate([s["x"] for s in iter_samples(model, tmp_path / source)])
         assert np.array_equal(got, rows)
     assert len(list(iter_samples(model, tmp_path / "labelled.npz", "evaluation"))) == 50  # labels are not an input
+
+
+def test_an_unwritable_output_folder_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a user without write permission sees it (the tests run as root, so access is denied by hand)."""
+    import os
+
+    from requant.frontends import SaveError
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real_access(path, mode))
+    with pytest.raises(SaveError, match=f"output '{tmp_path / 'm.onnx'}': the folder '{tmp_path}' is not writable"):
+        requant.api.quantize(MODEL, DIGITS / "calib.npz", output=tmp_path / "m.onnx", measure=False)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_model_computing_nan_gets_no_nan_figures() -> None:
+    """A float model whose output is NaN on some samples: the evaluation says where, not 'cosine nan'."""
+    from requant.frontends import load_onnx_text
+
+    model = load_onnx_text("""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[1,4] X) => (float[1,4] Y) {
+            W = Constant <value = float[4,4] {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}> ()
+            m = MatMul(X, W)
+            Y = Sqrt(m)
+        }""")
+    rng = np.random.default_rng(0)
+    calib = [{"X": rng.uniform(0, 1, (1, 4)).astype(np.float32)} for _ in range(8)]
+    evaluation = [*calib[:2], {"X": -np.ones((1, 4), np.float32)}]
+    with pytest.raises(CalibrationError, match="evaluation sample 3: the float model's first output is not finite"):
+        requant.api.quantize(model, calib, eval_data=evaluation, measure=False)

@@ -191,6 +191,10 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
         outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))
         outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
     f, q = np.concatenate(outs_f), np.concatenate(outs_q)
+    for what, outputs in (("float", outs_f), ("quantized", outs_q)):
+        bad = next((i for i, o in enumerate(outputs, start=1) if not np.isfinite(o).all()), None)
+        if bad is not None:  # agreement figures would be NaN: say where instead
+            raise CalibrationError(f"evaluation sample {bad}: the {what} model's first output is not finite")
     f2, q2 = f.reshape(len(f), -1), q.reshape(len(q), -1)
     if labels is not None and len(labels) != len(f2):
         raise CalibrationError(
