@@ -133,3 +133,15 @@ def test_a_second_calibration_reuses_the_statistics_of_the_first() -> None:
     again = calibrate(second, [], cache=cache)  # an empty data set: an error, were it read
     assert [c.__dict__ for c in again] == [c.__dict__ for c in chosen]
     assert cache.samples == 1347
+
+
+def test_large_inputs_are_measured_on_fewer_samples() -> None:
+    """The means are over samples and positions: 64 images' worth of values, at least 8 samples."""
+    from requant.calibration.bias_correction import samples_for
+
+    image = 3 * 224 * 224
+    assert samples_for(64, 64) == 64 and samples_for(image, 64) == 64 and samples_for(image, 20) == 20
+    assert (
+        samples_for(4 * image, 64) == 16 and samples_for(3 * 736 * 992, 64) == 8 and samples_for(100 * image, 64) == 8
+    )
+    assert samples_for(100 * image, 5) == 5  # never more than there are

@@ -260,7 +260,8 @@ def quantize(
     at most two seconds, :mod:`requant.report.latency`). ``strict``: a
     node a quantizer was asked to quantize but could not is an error naming it and the reason.
     ``bias_correction``: give each int8 convolution's and Gemm's bias back the mean shift its
-    quantization caused, measured on the first 64 calibration samples (on by default).
+    quantization caused, measured on the first 64 calibration samples (fewer for inputs larger than a
+    224x224 image; on by default).
     ``keep_float_below`` (dB): each int8 convolution and Gemm is measured against its float version
     on those samples (its local SQNR, in the report); when some are below this, the model is
     quantized again with those kernels kept float (a second pass: slower, more accurate).
