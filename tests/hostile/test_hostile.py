@@ -27,7 +27,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 def test_there_are_many_cases_in_every_group() -> None:
     groups = {c.group for c in CASES}
-    assert groups == {"model", "data", "evaluation data", "options", "config", "api", "opt", "lint", "type"}
+    assert groups == {"model", "data", "evaluation data", "options", "config", "api", "opt", "lint", "type", "compare"}
     assert len(CASES) >= 150 and len({(c.group, c.name) for c in CASES}) == len(CASES)
 
 

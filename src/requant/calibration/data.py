@@ -252,7 +252,7 @@ def _npz_rows(path: Path, what: str, skip: tuple[str, ...] = ()) -> Iterator[Sam
 
 def _from_file(path: Path, single_input: str | None, what: str) -> Iterator[Sample]:
     if path.suffix == ".npz":
-        yield from _npz_rows(path, what, skip=("labels",) if what == "evaluation" else ())
+        yield from _npz_rows(path, what, skip=("labels",) if what != "calibration" else ())  # labels: not an input
     elif path.suffix == ".npy":
         if single_input is None:
             raise CalibrationError(

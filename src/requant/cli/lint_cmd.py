@@ -14,17 +14,15 @@ import json
 import sys
 from typing import Any
 
+from requant.cli import documented
 from requant.frontends import load_onnx
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
-    sub = commands.add_parser(
-        "lint",
-        help="show which int8 kernels ONNX Runtime fused in a QDQ model and what stayed float",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    sub = documented(
+        commands, "lint", "show which int8 kernels ONNX Runtime fused in a QDQ model and what stayed float", __doc__
     )
     sub.add_argument("input", metavar="MODEL", help="a quantized ONNX model (.onnx, or ONNX text .onnxtxt)")
     sub.add_argument("--json", action="store_true", help="print the findings as JSON")

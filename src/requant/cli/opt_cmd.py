@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from requant.cli import documented
 from requant.frontends import check_outputs, load_onnx, load_onnx_text, save_onnx
 from requant.ir import print_model
 from requant.passes import PassOptions, parse_pipeline, pass_names, run_passes
@@ -18,11 +19,11 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
-    sub = commands.add_parser(
+    sub = documented(
+        commands,
         "opt",
-        help="run IR passes on a model and print or save the result",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run IR passes on a model and print or save the result",
+        __doc__,
         epilog="passes: " + ", ".join(pass_names()),
     )
     sub.add_argument("input", metavar="IN", help="an .onnx file, an ONNX text file (.onnxtxt, .txt), or - for stdin")

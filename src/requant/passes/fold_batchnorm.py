@@ -114,6 +114,8 @@ def _fold(bn: ir.Node) -> bool:
         result = x
     out = bn.outputs[0]
     result.shape, result.type = out.shape, out.type
+    if result is x and not x.is_graph_output() and not out.is_graph_output():
+        adopt_name(out, result)  # it computes what the batch norm did: tools comparing by name find it
     replace_value(out, result)
     graph.remove(bn, safe=True)
     return True

@@ -1,0 +1,189 @@
+"""``compare``: a float model and a quantized one (QDQ, from requant or another tool), tensor by tensor.
+
+Each ``QuantizeLinear`` of the quantized model with constant parameters marks a tensor both models
+compute: its input is the float tensor of that name. Both models run on the same samples; the
+quantized one as ONNX Runtime fuses it (its int8 kernels, saturation included: the QuantizeLinear
+outputs are what the fused kernels produce), its integers dequantized here with the
+QuantizeLinear's scale and zero point. Per tensor: SQNR (float energy over error energy, dB),
+cosine similarity, largest error, and the quantized type; and each tensor's *own* loss: how far
+its SQNR falls below the worst of the tensors it is computed from (where the error jumps).
+
+Statistics are running sums: memory does not grow with the number of samples.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from requant.calibration.data import iter_samples
+from requant.calibration.observers import CalibrationError
+from requant.errors import RequantError
+from requant.frontends import load_onnx
+from requant.ir.queries import constant, is_op
+from requant.runtime import cpu_session
+
+__all__ = ["CompareError", "TensorComparison", "compare"]
+
+
+class CompareError(RequantError):
+    """The two models cannot be compared (no tensor in common, different inputs)."""
+
+
+@dataclass
+class TensorComparison:
+    """One tensor both models compute."""
+
+    name: str
+    quantized_as: str  # the QuantizeLinear's storage type, scale and zero point
+    sqnr_db: float = math.inf
+    cosine: float = 1.0
+    max_error: float = 0.0
+    own_loss_db: float = 0.0  # SQNR of its worst source tensor minus its own (>= 0: the error grew here)
+    sources: list[str] = field(default_factory=list)
+    _signal: float = 0.0
+    _noise: float = 0.0
+    _dot: float = 0.0
+    _quantized_energy: float = 0.0
+
+    def update(self, reference: np.ndarray, got: np.ndarray) -> None:
+        a, b = reference.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        self._signal += float(a @ a)
+        self._noise += float((a - b) @ (a - b))
+        self._dot += float(a @ b)
+        self._quantized_energy += float(b @ b)
+        self.max_error = max(self.max_error, float(np.max(np.abs(a - b), initial=0.0)))
+
+    def finish(self) -> None:
+        self.sqnr_db = 10 * math.log10(self._signal / self._noise) if self._noise > 0 and self._signal > 0 else math.inf
+        norms = math.sqrt(self._signal * self._quantized_energy)
+        self.cosine = self._dot / norms if norms > 0 else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+def _quantized_tensors(model: ir.Model) -> dict[str, tuple[str, np.ndarray, np.ndarray, int | None]]:
+    """Float tensor name -> (QuantizeLinear output, scale, zero point, axis) for each QuantizeLinear of an
+    activation with constant parameters."""
+    found: dict[str, tuple[str, np.ndarray, np.ndarray, int | None]] = {}
+    for node in model.graph:
+        if not is_op(node, "QuantizeLinear") or node.inputs[0] is None or node.inputs[0].const_value is not None:
+            continue
+        scale = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+        zero = constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if scale is None:
+            continue
+        axis = node.attributes.get("axis")
+        zero_point = zero if zero is not None else np.zeros_like(scale, dtype=np.uint8)
+        found.setdefault(str(node.inputs[0].name), (str(node.outputs[0].name), scale, zero_point,
+                                                    axis.as_int() if axis is not None else None))  # fmt: skip
+    return found
+
+
+def _with_outputs(model: ir.Model, names: list[str]) -> bytes:
+    proto = ir.to_proto(model)
+    present = {o.name for o in proto.graph.output}
+    for name in names:
+        if name not in present:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    return proto.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _sources(model: ir.Model, names: set[str]) -> dict[str, list[str]]:
+    """For each compared tensor, the compared tensors it is computed from (through uncompared ones)."""
+    producer = {str(o.name): n for n in model.graph for o in n.outputs}
+    found: dict[str, list[str]] = {}
+    for name in names:
+        seen, stack, sources = set(), [name], []
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None:
+                continue
+            for value in node.inputs:
+                key = str(value.name) if value is not None else ""
+                if value is None or key in seen or value.const_value is not None or not _floating(value):
+                    continue  # constants and shape arithmetic carry no error
+                seen.add(key)
+                if key in names:
+                    sources.append(key)
+                else:
+                    stack.append(key)
+        found[name] = sorted(sources)
+    return found
+
+
+def _floating(value: ir.Value) -> bool:
+    return value.dtype is None or value.dtype.is_floating_point()
+
+
+def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | None = None) -> list[TensorComparison]:
+    """Every tensor both models compute, worst SQNR first (see the module's docstring)."""
+    if isinstance(data, (str, os.PathLike)) and not Path(data).exists():
+        raise CalibrationError(f"no comparison data at '{data}'")  # before loading anything
+    reference, quantized = load_onnx(float_model), load_onnx(quantized_model)
+    marks = _quantized_tensors(quantized)
+    float_names = {str(v.name) for n in reference.graph for v in n.outputs}
+    float_names |= {str(v.name) for v in reference.graph.inputs}
+    # requant renames a quantized graph output's float value NAME_float (the output keeps NAME)
+    marks = {(n.removesuffix("_float") if n not in float_names and n.removesuffix("_float") in float_names else n): m
+             for n, m in marks.items()}  # fmt: skip
+    common = [name for name in marks if name in float_names]
+    if not common:
+        raise CompareError(
+            "the quantized model quantizes no tensor the float model computes (compared by name: the input of "
+            "each QuantizeLinear); is it a QDQ model of this float model?"
+        )
+    results = {name: TensorComparison(name, _describe(marks[name])) for name in common}
+    inputs = {str(v.name) for v in reference.graph.inputs}
+    computed = [name for name in common if name not in inputs]  # the inputs' values are the sample's
+    float_run = cpu_session(_with_outputs(reference, computed), _options())
+    quant_run = cpu_session(_with_outputs(quantized, [marks[n][0] for n in common]), _options())
+    count = 0
+    for count, sample in enumerate(iter_samples(reference, data, "comparison"), start=1):
+        f = dict(zip(computed, float_run.run(computed, sample), strict=True)) if computed else {}
+        f.update({name: sample[name] for name in common if name in inputs})
+        q = quant_run.run([marks[n][0] for n in common], sample)
+        for name, stored in zip(common, q, strict=True):
+            _, scale, zero, axis = marks[name]
+            results[name].update(f[name], _dequantize(np.asarray(stored), scale, zero, axis))
+        if samples is not None and count >= samples:
+            break
+    for result in results.values():
+        result.finish()
+    for name, sources in _sources(reference, set(common)).items():
+        result = results[name]
+        result.sources = sources
+        worst_source = min((results[s].sqnr_db for s in sources), default=math.inf)
+        result.own_loss_db = worst_source - result.sqnr_db if math.isfinite(worst_source) else 0.0
+    return sorted(results.values(), key=lambda r: (r.sqnr_db, r.name))
+
+
+def _options() -> Any:
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
+def _describe(mark: tuple[str, np.ndarray, np.ndarray, int | None]) -> str:
+    _, scale, zero, axis = mark
+    if scale.size == 1:
+        return f"{zero.dtype}, scale {float(scale):.4g}, zero point {int(zero)}"
+    return f"{zero.dtype}, {scale.size} scales on axis {axis}"
+
+
+def _dequantize(stored: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int | None) -> np.ndarray:
+    if scale.size > 1 and axis is not None:
+        shape = [1] * stored.ndim
+        shape[axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return (stored.astype(np.float64) - zero.astype(np.float64)) * scale.astype(np.float64)

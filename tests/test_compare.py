@@ -1,0 +1,70 @@
+"""``requant compare``: tensor by tensor, as ONNX Runtime's int8 kernels compute the quantized model."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import requant.api
+from requant.report.compare import CompareError, compare
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+FLOAT = DIGITS / "digits_cnn.onnx"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("compare")
+    made = {}
+    for target in ("onnxruntime-cpu", "onnxruntime-cpu-vnni"):
+        made[target] = folder / f"{target}.onnx"
+        requant.api.quantize(FLOAT, DIGITS / "calib.npz", target=target, output=made[target], measure=False)
+    return made
+
+
+def test_every_quantized_tensor_is_compared_with_its_float_twin(outputs: dict[str, Path]) -> None:
+    results = compare(FLOAT, outputs["onnxruntime-cpu"], DIGITS / "eval.npz")
+    by_name = {r.name: r for r in results}
+    assert set(by_name) == {"x", "relu", "max_pool2d", "_unsafe_view", "relu_1", "linear"}  # linear: the output
+    assert [r.sqnr_db for r in results] == sorted(r.sqnr_db for r in results)  # worst first
+    x = by_name["x"]  # the input's own rounding: half a step at most, uniform error (SQNR ~ 6.02 * 8 + ...)
+    assert (
+        x.max_error <= 0.5 * 0.003922 + 1e-6 and x.sqnr_db > 50 and x.quantized_as.startswith("uint8, scale 0.003922")
+    )
+    assert all(30 < r.sqnr_db < 60 and r.cosine > 0.999 for r in results)
+    assert by_name["relu"].sources == ["x"] and by_name["relu"].own_loss_db == pytest.approx(
+        x.sqnr_db - by_name["relu"].sqnr_db
+    )
+
+
+def test_it_sees_what_the_int8_kernels_compute_saturation_included(outputs: dict[str, Path]) -> None:
+    """Full-range int8 weights (the VNNI target) on this CPU: the first conv's int16 pairs saturate."""
+    exact = {r.name: r for r in compare(FLOAT, outputs["onnxruntime-cpu"], DIGITS / "eval.npz", samples=100)}
+    saturated = {r.name: r for r in compare(FLOAT, outputs["onnxruntime-cpu-vnni"], DIGITS / "eval.npz", samples=100)}
+    assert saturated["x"].sqnr_db == pytest.approx(exact["x"].sqnr_db)  # the same input rounding
+    assert saturated["relu"].sqnr_db < exact["relu"].sqnr_db - 20  # measured: 14.9 against 41.2 dB
+    assert saturated["relu"].own_loss_db > 30
+
+
+def test_the_cli_prints_the_worst_tensors_and_where_the_error_grows(outputs: dict[str, Path]) -> None:
+    command = [sys.executable, "-m", "requant", "compare", str(FLOAT), str(outputs["onnxruntime-cpu-vnni"]),
+               "--data", str(DIGITS / "eval.npz"), "--samples", "50"]  # fmt: skip
+    text = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert text.startswith("6 tensors compared, worst SQNR first:")
+    assert "the error grows most at 'relu':" in text and "below 'x'" in text
+    as_json = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert {"name", "sqnr_db", "cosine", "max_error", "own_loss_db", "sources", "quantized_as"} <= set(as_json[0])
+    assert all(math.isfinite(t["sqnr_db"]) for t in as_json)
+
+
+def test_models_with_nothing_in_common_are_refused() -> None:
+    with pytest.raises(CompareError, match="quantizes no tensor the float model computes"):
+        compare(FLOAT, FLOAT, DIGITS / "eval.npz")
+    bad = subprocess.run([sys.executable, "-m", "requant", "compare", str(FLOAT), str(FLOAT), "--data",
+                          str(DIGITS / "eval.npz")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.startswith("requant compare: error: the quantized model quantizes no")
