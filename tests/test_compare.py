@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import requant
 import requant.api
 from requant.report.compare import CompareError, compare
 
@@ -29,6 +30,9 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_every_quantized_tensor_is_compared_with_its_float_twin(outputs: dict[str, Path]) -> None:
     results = compare(FLOAT, outputs["onnxruntime-cpu"], DIGITS / "eval.npz")
+    assert [r.to_json() for r in requant.compare(FLOAT, outputs["onnxruntime-cpu"], DIGITS / "eval.npz")] == [
+        r.to_json() for r in results
+    ]  # the package's door, the same
     by_name = {r.name: r for r in results}
     assert set(by_name) == {"x", "relu", "max_pool2d", "_unsafe_view", "relu_1", "linear"}  # linear: the output
     assert [r.sqnr_db for r in results] == sorted(r.sqnr_db for r in results)  # worst first

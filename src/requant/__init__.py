@@ -13,7 +13,7 @@ from requant.errors import QuantTypeError, RequantError  # noqa: E402
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["QuantTypeError", "RequantError", "__version__", "load", "quantize"]
+__all__ = ["QuantTypeError", "RequantError", "__version__", "compare", "load", "quantize"]
 __version__ = "0.1.0"
 
 
@@ -32,3 +32,11 @@ def quantize(model: Any, calibration_data: Any, **options: Any) -> Any:
     from requant.api import quantize as _quantize
 
     return _quantize(model, calibration_data, **options)
+
+
+def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | None = None) -> Any:
+    """Every tensor a QDQ model quantizes against the float model's, worst SQNR first:
+    :func:`requant.report.compare.compare` (imported lazily)."""
+    from requant.report.compare import compare as _compare
+
+    return _compare(float_model, quantized_model, data, samples)
