@@ -72,3 +72,26 @@ def test_models_with_nothing_in_common_are_refused() -> None:
     bad = subprocess.run([sys.executable, "-m", "requant", "compare", str(FLOAT), str(FLOAT), "--data",
                           str(DIGITS / "eval.npz")], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 1 and bad.stderr.startswith("requant compare: error: the quantized model quantizes no")
+
+
+def test_another_tools_qdq_model_is_compared_too(tmp_path: Path) -> None:
+    """ONNX Runtime's quantize_static names its tensors its own way; the QuantizeLinear inputs still match."""
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    with np.load(DIGITS / "calib.npz") as archive:
+        rows = [{"x": archive["x"][i : i + 1]} for i in range(64)]
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.rows = iter(rows)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.rows, None)
+
+    out = tmp_path / "ort.onnx"
+    quantize_static(str(FLOAT), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)  # fmt: skip
+    results = {r.name: r for r in compare(FLOAT, out, DIGITS / "eval.npz", samples=100)}
+    assert {"x", "relu", "relu_1"} <= set(results)
+    assert all(math.isfinite(r.sqnr_db) and r.sqnr_db > 10 for r in results.values())
