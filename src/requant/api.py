@@ -23,7 +23,7 @@ import onnx_ir as ir
 from requant.backends import materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
-from requant.calibration.data import Replayed, iter_samples, read_labels
+from requant.calibration.data import Replayed, check_exists, iter_samples, read_labels
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -275,9 +275,8 @@ def quantize(
         or not math.isfinite(keep_float_below)
     ):
         raise RequantError(f"keep_float_below must be a finite number of dB (e.g. 29), got {keep_float_below!r}")
-    for what, source in (("calibration", calibration_data), ("evaluation", eval_data)):
-        if isinstance(source, (str, os.PathLike)) and not Path(source).exists():
-            raise CalibrationError(f"no {what} data at '{source}'")  # before any work
+    check_exists(calibration_data, "calibration")  # before any work
+    check_exists(eval_data, "evaluation")
     if output is not None:  # before any work: a refused run writes nothing
         check_outputs({"output": output}, {"the model": model, "the calibration data": calibration_data,
                                            "the evaluation data": eval_data})  # fmt: skip

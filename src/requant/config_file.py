@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from requant.calibration.images import ImagePreprocessing
 from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
+from requant.quantizers.finders import NodeName
 from requant.quantizers.quantizer import Quantizer, QuantParams
 from requant.targets.registry import DEFAULT_TARGET, get_target
 
@@ -257,9 +257,9 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
             _typed(value, str, f"{at}.{selector}", "a string")
         if selector == "node_regex":
             try:
-                re.compile(value)
-            except re.error as exc:
-                raise ConfigFileError(f"{at}.node_regex: {value!r} is not a regular expression: {exc}") from None
+                NodeName(value, regex=True)  # its pattern is checked now, not when the quantizer is built
+            except RequantError as exc:
+                raise ConfigFileError(f"{at}.node_regex: {exc}") from None
         if "config" not in entry:
             raise ConfigFileError(f'{at}: needs a config (a preset, a [configs] name, or "float")')
         settings.overrides.append((selector, value, _named_config(entry["config"], settings.configs, f"{at}.config")))

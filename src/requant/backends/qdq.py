@@ -37,7 +37,7 @@ from requant.ir.annotations import (
     set_request,
     stored_values,
 )
-from requant.ir.queries import fresh_name, graph_values, is_op
+from requant.ir.queries import fresh_name, graph_values, is_op, pads_with_zero
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
 from requant.quantizers.shared import SharedSpecQuantizer
 from requant.types import (
@@ -290,12 +290,9 @@ def _pad_integers(pad: ir.Node) -> None:
     q = uses[0].node
     if not is_op(q, "QuantizeLinear") or list(q.inputs[1:]) != list(dq.inputs[1:]) or len(dq.inputs) < 3:
         return
-    mode = pad.attributes.get("mode")
-    value = pad.inputs[2] if len(pad.inputs) > 2 else None
-    data = None if value is None else value.const_value
-    if (mode is not None and mode.as_string() != "constant") or (data is not None and np.any(data.numpy() != 0)):
+    if not pads_with_zero(pad):
         return
-    if value is None and len(pad.inputs) < 3:
+    if len(pad.inputs) < 3:
         pad.resize_inputs(3)
     pad.replace_input_with(0, dq.inputs[0])
     pad.replace_input_with(2, dq.inputs[2])  # the zero point: dequantized, exactly 0

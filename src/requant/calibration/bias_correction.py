@@ -199,7 +199,7 @@ def correct_biases(
         shift = observer.total / observer.count
         if not np.isfinite(shift).all() or not math.isfinite(observers[reference].energy):
             raise CalibrationError(
-                f"kernel '{kernel.name}': the float model's output there is not finite (or overflows float64 "
+                f"kernel '{kernel.name}': the float model's output there is not finite (or overflows float32 "
                 "when squared) on the calibration samples; its bias cannot be measured: check the data's scale"
             )
         signal = observers[reference].energy

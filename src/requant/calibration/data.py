@@ -41,7 +41,7 @@ import onnx_ir as ir
 from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 
-__all__ = ["Replayed", "Sample", "check_sample", "iter_samples", "model_inputs", "read_labels"]
+__all__ = ["Replayed", "Sample", "check_exists", "check_sample", "iter_samples", "model_inputs", "read_labels"]
 
 Sample = dict[str, npt.NDArray[Any]]
 
@@ -80,6 +80,13 @@ def _floating(dtype: np.dtype[Any]) -> bool:
     return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
 
 
+def _peak(array: npt.NDArray[Any]) -> float:
+    """The largest magnitude, without a temporary array the size of the sample."""
+    if array.dtype.kind != "f":  # ml_dtypes' floats
+        array = array.astype(np.float32)
+    return max(-float(array.min()), float(array.max()))
+
+
 def _nonfinite(array: npt.NDArray[Any]) -> bool:
     return not np.isfinite(array if array.dtype.kind == "f" else array.astype(np.float32)).all()
 
@@ -107,19 +114,12 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
     for name, want_dtype, shape in specs:
         if name not in sample:
             raise CalibrationError(f"{where}: input '{name}' is missing")
-        array = np.asarray(sample[name])
+        given = array = np.asarray(sample[name])
         dtype = want_dtype if want_dtype is not None else array.dtype
         if array.dtype != dtype:
             if (_floating(dtype) and array.dtype.kind in "fiu") or (dtype.kind in "iu" and array.dtype.kind in "iu"):
                 with np.errstate(over="ignore"):
-                    cast = array.astype(dtype)
-                if _floating(dtype) and array.dtype.kind == "f" and _nonfinite(cast) and not np.isinf(array).any():
-                    peak, top = float(np.nanmax(np.abs(array))), float(np.finfo(dtype).max)
-                    raise CalibrationError(
-                        f"{where}: input '{name}' holds {peak:.3g}, beyond {dtype}'s range ({top:.3g}): "
-                        "it would become infinite"
-                    )
-                array = cast
+                    array = array.astype(dtype)
             else:
                 raise CalibrationError(f"{where}: input '{name}' expects {dtype}, got {array.dtype}")
         if shape is not None:
@@ -135,6 +135,12 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
                         f"(shape {_shape_text(shape)}), got shape {array.shape}{hint}"
                     )
         if _floating(array.dtype) and _nonfinite(array):
+            if given is not array and given.dtype.kind == "f" and not _nonfinite(given):  # the cast overflowed
+                peak, top = float(np.max(np.abs(given))), float(np.finfo(array.dtype).max)
+                raise CalibrationError(
+                    f"{where}: input '{name}' holds {peak:.3g}, beyond {array.dtype}'s range ({top:.3g}): "
+                    "it would become infinite"
+                )
             array32 = array.astype(np.float32) if array.dtype.kind != "f" else array
             bad = ~np.isfinite(array32)
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -147,13 +153,17 @@ def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str 
     return out
 
 
+def _scalar(what: str, name: str) -> CalibrationError:
+    return CalibrationError(
+        f"{what} array '{name}' is 0-d (a scalar): arrays give samples along their first axis; "
+        "give a scalar input as a folder of one .npz per sample"
+    )
+
+
 def _rows(arrays: Mapping[str, Any], what: str) -> Iterator[Sample]:
     for name, a in arrays.items():
         if np.ndim(a) == 0:
-            raise CalibrationError(
-                f"{what} array '{name}' is 0-d (a scalar): arrays give samples along their first axis; "
-                "give a scalar input as a folder of one .npz per sample"
-            )
+            raise _scalar(what, name)
     lengths = {name: len(np.asarray(a)) for name, a in arrays.items()}
     if len(set(lengths.values())) > 1:
         raise CalibrationError(f"{what} arrays differ in their number of samples: {lengths}")
@@ -226,10 +236,7 @@ def _npz_rows(path: Path, what: str, skip: tuple[str, ...] = ()) -> Iterator[Sam
                 if dtype.hasobject:
                     raise ValueError("object arrays")
                 if len(shape) == 0:
-                    raise CalibrationError(
-                        f"{what} array '{name}' is 0-d (a scalar): arrays give samples along their first axis; "
-                        "give a scalar input as a folder of one .npz per sample"
-                    )
+                    raise _scalar(what, name)
                 if fortran and len(shape) > 1:  # rows are not contiguous: read it whole
                     data = np.frombuffer(stream.read(), dtype).reshape(shape, order="F")
                     stream = io.BytesIO(np.ascontiguousarray(data).tobytes())
@@ -290,8 +297,7 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
                 else:
                     yield {single_input: _load_whole(file, what)}
             return
-        if not path.is_file():
-            raise CalibrationError(f"no {what} data at '{path}'")
+        check_exists(path, what)
         yield from _from_file(path, single_input, what)
     elif isinstance(source, np.ndarray):
         if single_input is None:
@@ -306,6 +312,12 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
             f"cannot read {what} data from a {type(source).__name__}: give a .npz/.npy file or a folder of them, "
             "a dict of input name -> array, an iterable of such dicts, or an ImageFolder"
         )
+
+
+def check_exists(source: Any, what: str) -> None:
+    """A path given as data must be there (a file or a folder): checked before any work is done."""
+    if isinstance(source, (str, os.PathLike)) and not (Path(source).is_file() or Path(source).is_dir()):
+        raise CalibrationError(f"no {what} data at '{source}'")
 
 
 def _sliced(source: Any) -> bool:
@@ -371,7 +383,7 @@ def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Ite
         sample = _check(specs, raw, f"{what} sample {count}", hint)
         for name, value in sample.items():
             if _floating(value.dtype) and value.size:
-                peaks.setdefault(name, pyarray.array("d")).append(float(np.abs(value.astype(np.float32)).max()))
+                peaks.setdefault(name, pyarray.array("d")).append(_peak(value))
         yield sample
     if count == 0:
         raise CalibrationError(f"the {what} data set is empty")

@@ -1,19 +1,5 @@
 """The ``requant`` command."""
 
-from __future__ import annotations
+from requant.cli.main import main
 
-import argparse
-from typing import Any
-
-__all__ = ["documented", "main"]
-
-
-def documented(commands: Any, name: str, summary: str, doc: str | None, **extra: Any) -> argparse.ArgumentParser:
-    """A sub-command whose ``--help`` shows its module's docstring as written."""
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **extra
-    )
-    return parser
-
-
-from requant.cli.main import main  # noqa: E402  (main imports the commands, which import documented)
+__all__ = ["main"]

@@ -16,7 +16,7 @@ import math
 import sys
 from typing import Any
 
-from requant.cli import documented
+from requant.cli.parser import documented
 
 __all__ = ["register"]
 

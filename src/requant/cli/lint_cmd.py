@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from requant.cli import documented
+from requant.cli.parser import documented
 from requant.frontends import load_onnx
 
 __all__ = ["register"]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from requant.cli import documented
+from requant.cli.parser import documented
 from requant.frontends import check_outputs, load_onnx, load_onnx_text, save_onnx
 from requant.ir import print_model
 from requant.passes import PassOptions, parse_pipeline, pass_names, run_passes

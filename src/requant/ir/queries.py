@@ -6,7 +6,16 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-__all__ = ["DEFAULT_DOMAINS", "constant", "fresh_name", "graph_values", "is_op", "op_name", "subgraphs"]
+__all__ = [
+    "DEFAULT_DOMAINS",
+    "constant",
+    "fresh_name",
+    "graph_values",
+    "is_op",
+    "op_name",
+    "pads_with_zero",
+    "subgraphs",
+]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -58,3 +67,15 @@ def subgraphs(attr: ir.Attr) -> list[ir.Graph]:
     if attr.type == ir.AttributeType.GRAPHS:
         return list(attr.as_graphs())
     return []
+
+
+def pads_with_zero(pad: ir.Node) -> bool:
+    """A ``Pad`` in constant mode whose fill value is absent or a constant 0 (which a quantized type's
+    zero point stands for exactly)."""
+    mode = pad.attributes.get("mode")
+    if mode is not None and mode.as_string() != "constant":
+        return False
+    if len(pad.inputs) > 2 and pad.inputs[2] is not None:
+        value = constant(pad.inputs[2])
+        return value is not None and not np.any(np.asarray(value) != 0)
+    return True

@@ -45,13 +45,23 @@ def _is_half(value: ir.Value) -> bool:
     return value.dtype in HALF
 
 
+def _widen_value(value: ir.Value) -> bool:
+    """A float16 value (and its data, for a constant) becomes float32; whether it was one."""
+    changed = False
+    if value.const_value is not None and value.const_value.dtype in HALF:
+        value.const_value = _widen_tensor(value.const_value)
+        changed = True
+    if _is_half(value):
+        value.dtype = ir.DataType.FLOAT
+        changed = True
+    return changed
+
+
 def _widen_graph(graph: ir.Graph) -> bool:
+    """Everything inside ``graph`` and its subgraphs but the graph's own inputs and outputs' types."""
     changed = False
     for value in graph.initializers.values():
-        if value.const_value is not None and value.const_value.dtype in HALF:
-            value.const_value = _widen_tensor(value.const_value)
-            value.dtype = ir.DataType.FLOAT
-            changed = True
+        changed |= _widen_value(value)
     for node in ir.traversal.RecursiveGraphIterator(graph):
         for name, attr in list(node.attributes.items()):
             if attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype in HALF:
@@ -60,18 +70,11 @@ def _widen_graph(graph: ir.Graph) -> bool:
             elif name in _DTYPE_ATTRIBUTES and attr.type == ir.AttributeType.INT and attr.as_int() in HALF:
                 node.attributes[name] = ir.AttrInt64(name, ir.DataType.FLOAT)
                 changed = True
-        for value in node.outputs:
-            if _is_half(value):
-                value.dtype = ir.DataType.FLOAT
-                changed = True
-        for attr in node.attributes.values():
             for sub in subgraphs(attr):
                 for value in [*sub.inputs, *sub.initializers.values()]:
-                    if value.const_value is not None and value.const_value.dtype in HALF:
-                        value.const_value = _widen_tensor(value.const_value)
-                    if _is_half(value):
-                        value.dtype = ir.DataType.FLOAT
-                        changed = True
+                    changed |= _widen_value(value)
+        for value in node.outputs:
+            changed |= _widen_value(value)
     return changed
 
 

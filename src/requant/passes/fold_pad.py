@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from requant.ir.queries import pads_with_zero
 from requant.passes._base import NodeRewrite
 from requant.passes._rewrite import constant, is_op
 
@@ -33,15 +34,8 @@ __all__ = ["PASS", "FoldPad"]
 
 def _zero_pads(node: ir.Node) -> list[int] | None:
     """The Pad's pads if it is a constant zero pad that only touches spatial axes, else None."""
-    mode = node.attributes.get("mode")
-    if mode is not None and mode.as_string() != "constant":
+    if not pads_with_zero(node) or (len(node.inputs) > 3 and node.inputs[3] is not None):  # or an axes input
         return None
-    if len(node.inputs) > 3 and node.inputs[3] is not None:  # an axes input
-        return None
-    if len(node.inputs) > 2 and node.inputs[2] is not None:
-        value = constant(node.inputs[2])
-        if value is None or np.any(np.asarray(value) != 0):
-            return None
     pads = constant(node.inputs[1]) if len(node.inputs) > 1 else None
     if pads is None:
         return None

@@ -111,7 +111,7 @@ class NodeName(NodeFinder):
             try:
                 re.compile(self.name)
             except re.error as exc:
-                raise RequestError(f"node name pattern {self.name!r} is not a regular expression: {exc}") from None
+                raise RequestError(f"{self.name!r} is not a regular expression: {exc}") from None
 
     def matches(self, node: ir.Node) -> bool:
         if self.regex:

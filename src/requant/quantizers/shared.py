@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import onnx_ir as ir
 
 from requant.ir.annotations import request, set_request
-from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values
+from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values, pads_with_zero
 from requant.ir.requests import NoQuant, QuantizationSpec, Request, SharedSpec
 from requant.ir.traits import DATA_MOVEMENT, data_inputs
 from requant.quantizers.pattern_quantizer import QuantizeState
@@ -59,11 +58,7 @@ def _quantize_before_pad(node: ir.Node) -> None:
     smaller input costs less. (The channel padding of ``PAD_CONV_CHANNELS`` makes these.)
     """
     source, out = node.inputs[0], node.outputs[0]
-    mode = node.attributes.get("mode")
-    value = constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
-    if source is None or request(source) is not None or (mode is not None and mode.as_string() != "constant"):
-        return
-    if value is not None and np.any(value != 0):
+    if source is None or request(source) is not None or not pads_with_zero(node):
         return
     wanted = request(out)
     if isinstance(wanted, QuantizationSpec) and wanted.granularity == "per_tensor":

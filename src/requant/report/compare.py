@@ -13,22 +13,20 @@ Statistics are running sums: memory does not grow with the number of samples.
 
 from __future__ import annotations
 
+import itertools
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from requant.calibration.data import iter_samples
-from requant.calibration.observers import CalibrationError
+from requant.calibration.data import check_exists, iter_samples
 from requant.errors import RequantError
 from requant.frontends import load_onnx
 from requant.ir.queries import constant, is_op
-from requant.runtime import cpu_session
+from requant.report.latency import session
 
 __all__ = ["CompareError", "TensorComparison", "compare"]
 
@@ -126,8 +124,7 @@ def _floating(value: ir.Value) -> bool:
 
 def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | None = None) -> list[TensorComparison]:
     """Every tensor both models compute, worst SQNR first (see the module's docstring)."""
-    if isinstance(data, (str, os.PathLike)) and not Path(data).exists():
-        raise CalibrationError(f"no comparison data at '{data}'")  # before loading anything
+    check_exists(data, "comparison")  # before loading anything
     reference, quantized = load_onnx(float_model), load_onnx(quantized_model)
     marks = _quantized_tensors(quantized)
     float_names = {str(v.name) for n in reference.graph for v in n.outputs}
@@ -144,18 +141,15 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
     results = {name: TensorComparison(name, _describe(marks[name])) for name in common}
     inputs = {str(v.name) for v in reference.graph.inputs}
     computed = [name for name in common if name not in inputs]  # the inputs' values are the sample's
-    float_run = cpu_session(_with_outputs(reference, computed), _options())
-    quant_run = cpu_session(_with_outputs(quantized, [marks[n][0] for n in common]), _options())
-    count = 0
-    for count, sample in enumerate(iter_samples(reference, data, "comparison"), start=1):
+    float_run = session(_with_outputs(reference, computed))
+    quant_run = session(_with_outputs(quantized, [marks[n][0] for n in common]))
+    for sample in itertools.islice(iter_samples(reference, data, "comparison"), samples):
         f = dict(zip(computed, float_run.run(computed, sample), strict=True)) if computed else {}
         f.update({name: sample[name] for name in common if name in inputs})
         q = quant_run.run([marks[n][0] for n in common], sample)
         for name, stored in zip(common, q, strict=True):
             _, scale, zero, axis = marks[name]
             results[name].update(f[name], _dequantize(np.asarray(stored), scale, zero, axis))
-        if samples is not None and count >= samples:
-            break
     for result in results.values():
         result.finish()
     for name, sources in _sources(reference, set(common)).items():
@@ -164,14 +158,6 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
         worst_source = min((results[s].sqnr_db for s in sources), default=math.inf)
         result.own_loss_db = worst_source - result.sqnr_db if math.isfinite(worst_source) else 0.0
     return sorted(results.values(), key=lambda r: (r.sqnr_db, r.name))
-
-
-def _options() -> Any:
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return options
 
 
 def _describe(mark: tuple[str, np.ndarray, np.ndarray, int | None]) -> str:
