@@ -144,10 +144,11 @@ def _pad_applies(node: ir.Node, config: QuantizationConfig) -> bool:
     names) and run it faster than the QGEMM it runs now.
 
     Measured on ONNX Runtime 1.31 (AVX2, one thread, 32 output channels, 112x112 input, stride 2;
-    padded / unpadded time): 3x3 kernels 0.73-0.96 for 1 to 7 input channels, 1x1 0.68-0.89; 5x5
-    and 7x7 kernels slower with few channels (7x7 with 3 channels, ResNet's stem: 1.12; 1.29 at
-    224x224, 64 channels). So: at most 9 kernel positions and at least 2 input channels (a single
-    channel gains at most 4% and loses on small maps: 1.13 on an 8x8 digit).
+    padded / unpadded latency, interleaved): 3x3 kernels 0.71-0.92 for 1 to 7 input channels, 1x1
+    0.65-0.84; 5x5 and 7x7 kernels slower with few channels (7x7 with 3 channels, ResNet's stem:
+    1.11; 1.29 at 224x224, 64 channels). So: at most 9 kernel positions and at least 2 input
+    channels (a single channel gains little, 0.92 at 3x3, and nothing on small maps: 1.01 on an
+    8x8 digit). Table in ``docs/targets.md``.
     """
     weight, inputs = config.weight, config.input_activation
     if not (isinstance(weight, QuantizationSpec) and isinstance(inputs, QuantizationSpec)):
