@@ -200,3 +200,73 @@ def test_the_vnni_model_adds_everything_in_int32() -> None:
     for op, depthwise in (("Conv", False), ("Conv", True), ("Gemm", False), ("MatMul", False)):
         rule = ONNXRUNTIME_X86_VNNI.find(op, "u8", "i8", depthwise)
         assert rule is not None and rule.accumulation is INT32
+
+
+def _dynamic_uint8(values: np.ndarray) -> tuple[np.ndarray, float, int]:
+    """ONNX Runtime's dynamic quantization of a float block to uint8 (its range, widened to 0)."""
+    low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+    scale = np.float32((high - low) / 255) if high > low else np.float32(1.0)
+    zero = int(np.clip(np.rint(np.float32(0 - low) / scale), 0, 255))
+    return np.clip(np.rint(values.astype(np.float32) / scale) + zero, 0, 255).astype(np.int64), float(scale), zero
+
+
+def _lstm_reference(x: np.ndarray, w: np.ndarray, r: np.ndarray, w_scale: np.ndarray, r_scale: np.ndarray,
+                    accumulation: Any) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(Y, Y_c) of a forward LSTM as DynamicQuantizeLSTM computes it: the input quantized once, the
+    hidden state at every step, each GEMM in the kernel model's accumulation (ONNX gate order i, o, f, c)."""
+    steps, hidden = x.shape[0], r.shape[2]
+    w_rows, r_rows = (Reduction("LSTM", m.shape).rows(m.astype(np.int64)) for m in (w, r))  # [4H, K]
+
+    def product(q: np.ndarray, scale: float, zero: int, rows: np.ndarray, row_scale: np.ndarray) -> np.ndarray:
+        acc = accumulation.dot(q, rows.T) - zero * rows.sum(axis=1)  # the zero point through row sums
+        return acc * scale * row_scale
+
+    xq, xs, xz = _dynamic_uint8(x.reshape(steps, -1))
+    projected = product(xq, xs, xz, w_rows, w_scale)
+    h, c, ys = np.zeros(hidden), np.zeros(hidden), []
+    for t in range(steps):
+        hq, hs, hz = _dynamic_uint8(h[None])
+        gates = projected[t] + product(hq, hs, hz, r_rows, r_scale)[0]
+        i, o, f, g = np.split(gates, 4)
+        sigmoid = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        ys.append(h)
+    return np.array(ys), c
+
+
+@pytest.mark.parametrize(("steps", "size"), [(1, 8), (3, 9)], ids=["input-projection", "recurrence-odd-k"])
+def test_dynamicquantizelstm_pairs_its_input_and_hidden_state_products(steps: int, size: int) -> None:
+    """ONNX Runtime's int8 LSTM: the input (uint8 over its range, once) and the hidden state (at each
+    step) times int8 weights, through the same QGEMM: pairs along the input and the hidden axis."""
+    rng = np.random.default_rng(RNG_SEED)
+    hidden = 6
+    w = _adversarial(rng, (1, 4 * hidden, size), np.int8)
+    r = _adversarial(rng, (1, 4 * hidden, hidden), np.int8)
+    x = (_adversarial(rng, (steps, 1, size), np.uint8) / np.float32(255)).astype(np.float32)
+    w_scale = np.full((1, 4 * hidden), 1.5e-3, np.float32)
+    r_scale = np.full((1, 4 * hidden), 4e-3, np.float32)
+    inits = [numpy_helper.from_array(np.ascontiguousarray(w.transpose(0, 2, 1)), "w"),
+             numpy_helper.from_array(np.ascontiguousarray(r.transpose(0, 2, 1)), "r"),
+             numpy_helper.from_array(w_scale, "ws"), numpy_helper.from_array(np.zeros_like(w_scale, np.int8), "wz"),
+             numpy_helper.from_array(r_scale, "rs"), numpy_helper.from_array(np.zeros_like(r_scale, np.int8), "rz")]  # fmt: skip
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r", "", "", "", "", "", "ws", "wz", "rs", "rz"],
+                            ["y", "", "yc"], domain="com.microsoft", hidden_size=hidden)  # fmt: skip
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yc")]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              outputs, inits)  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 14), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    y, yc = session.run(None, {"x": x})
+    rule = ONNXRUNTIME_X86.find("LSTM", "u8", "i8")
+    assert rule is not None and rule.accumulation is INT16_PAIRS
+    modelled = _lstm_reference(x, w, r, w_scale[0], r_scale[0], INT16_PAIRS)
+    exact = _lstm_reference(x, w, r, w_scale[0], r_scale[0], INT32)
+    for got, want, wrong in zip((y.reshape(steps, -1), yc.reshape(-1)), modelled, exact, strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5)  # float math: MLAS's sigmoid and tanh
+        assert np.abs(got - wrong).max() > 0.02  # the exact sums give other states (1000x the tolerance)

@@ -186,6 +186,9 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
     labels = None
     if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz" and Path(data).is_file():
         labels = read_labels(Path(data))  # the samples are read without it, one at a time
+    elif isinstance(data, Mapping) and "labels" in data and "labels" not in {v.name for v in model.graph.inputs}:
+        labels = np.asarray(data["labels"]).reshape(-1)  # a dict of arrays takes them as an .npz does
+        data = {k: v for k, v in data.items() if k != "labels"}
     outs_f, outs_q = [], []
     for sample in iter_samples(model, data, "evaluation"):
         outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))

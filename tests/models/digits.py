@@ -43,20 +43,20 @@ def make_digits_cnn() -> Any:
     return DigitsCNN()
 
 
-def train_digits_cnn(epochs: int = 8) -> tuple[Any, float]:
-    """The trained module (in eval mode) and its test accuracy."""
+def _train(make: Any, epochs: int, lr: float, batch_size: int) -> tuple[Any, float]:
+    """Train ``make()`` on the digits, deterministically: the module (in eval mode) and its test accuracy."""
     import torch
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     x_train, y_train, x_test, y_test = digits_split()
-    model = make_digits_cnn()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model = make()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     xs, ys = torch.from_numpy(x_train), torch.from_numpy(y_train)
     generator = torch.Generator().manual_seed(0)
     model.train()
     for _ in range(epochs):
-        for batch in torch.randperm(len(xs), generator=generator).split(64):
+        for batch in torch.randperm(len(xs), generator=generator).split(batch_size):
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xs[batch]), ys[batch])
             loss.backward()
@@ -65,3 +65,31 @@ def train_digits_cnn(epochs: int = 8) -> tuple[Any, float]:
     with torch.no_grad():
         accuracy = float((model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean())
     return model, accuracy
+
+
+def train_digits_cnn(epochs: int = 8) -> tuple[Any, float]:
+    """The trained CNN (in eval mode) and its test accuracy."""
+    return _train(make_digits_cnn, epochs, 3e-3, 64)
+
+
+def make_digits_lstm() -> Any:
+    """A bidirectional LSTM reading a digit's 8 rows as a sequence (the shape of a text-line recognizer's head)."""
+    import torch.nn as nn
+
+    class DigitsLSTM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(8, 32, bidirectional=True)
+            self.classifier = nn.Linear(64, 10)
+
+        def forward(self, x: Any) -> Any:
+            rows = x[:, 0].permute(1, 0, 2)  # [N, 1, 8, 8] -> [8 rows, N, 8]
+            out, _ = self.lstm(rows)
+            return self.classifier(out[-1])
+
+    return DigitsLSTM()
+
+
+def train_digits_lstm(epochs: int = 40) -> tuple[Any, float]:
+    """The trained LSTM (in eval mode) and its test accuracy."""
+    return _train(make_digits_lstm, epochs, 1e-2, 128)

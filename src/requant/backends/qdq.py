@@ -9,6 +9,8 @@
   ``Shape`` and ``Size`` keep reading the float value: they need no numbers, and a float copy
   kept alive for them would cost a ``DequantizeLinear`` at run time.
 - Identical types share one pair of scale and zero-point initializers.
+- An LSTM with quantized weights becomes ONNX Runtime's ``DynamicQuantizeLSTM``
+  (:mod:`requant.backends.dynamic_lstm`): no runtime fuses ``DequantizeLinear -> LSTM``.
 - Exporters' debugging metadata (stack traces, FX nodes) and the requests, resolved into types
   by then, are dropped: they can outweigh the int8 weights. Module paths and types stay.
 
@@ -27,6 +29,7 @@ import numpy.typing as npt
 import onnx
 import onnx_ir as ir
 
+from requant.backends.dynamic_lstm import write_dynamic_lstms
 from requant.errors import RequantError
 from requant.ir.annotations import (
     iter_values,
@@ -243,6 +246,7 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
     The returned model may be a new object (when the opset had to be raised).
     """
     graph = model.graph
+    write_dynamic_lstms(model)  # first: their weights' types are written there, not as QDQ
     typed = [(v, t) for v in graph_values(graph) if isinstance(t := quant_type(v), _UNIFORM)]
     if not typed:
         return model

@@ -40,8 +40,15 @@ import onnx_ir as ir
 
 from requant.ir.annotations import quant_type, set_quant_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
+from requant.ir.traits import weight_inputs
 from requant.targets.kernels import KernelModel, Reduction, is_depthwise
-from requant.types import UniformQuantizedPerAxisType, UniformQuantizedType, qcast, with_scales
+from requant.types import (
+    UniformQuantizedPerAxisType,
+    UniformQuantizedSubChannelType,
+    UniformQuantizedType,
+    qcast,
+    with_scales,
+)
 from requant.types.accumulation import Accumulation
 
 __all__ = ["WeightEncoding", "encode_rows", "encode_weights", "rescale_stored"]
@@ -50,8 +57,8 @@ log = logging.getLogger("requant.calibration")
 
 Array = npt.NDArray[Any]
 _TRIED = (0.8, 0.9, 0.95, 1.0)  # where between t = 1 and t_safe a channel's factor is tried (the best is near t_safe)
-_WeightType = UniformQuantizedType | UniformQuantizedPerAxisType
-_WEIGHT_TYPES = (UniformQuantizedType, UniformQuantizedPerAxisType)
+_WeightType = UniformQuantizedType | UniformQuantizedPerAxisType | UniformQuantizedSubChannelType
+_WEIGHT_TYPES = (UniformQuantizedType, UniformQuantizedPerAxisType, UniformQuantizedSubChannelType)
 
 
 @dataclass(frozen=True)
@@ -173,23 +180,52 @@ def encode_rows(
 
 
 def _scales(t: _WeightType, rows: int) -> Array:
-    return np.full(rows, t.scale) if isinstance(t, UniformQuantizedType) else np.asarray(t.scales, np.float64)
+    if isinstance(t, UniformQuantizedType):
+        return np.full(rows, t.scale)
+    if isinstance(t, UniformQuantizedSubChannelType):
+        return np.asarray(t.scales, np.float64).reshape(-1)
+    return np.asarray(t.scales, np.float64)
 
 
-def _kernel(node: ir.Node) -> tuple[ir.Value, UniformQuantizedType, _WeightType] | None:
-    """(weight, input type, weight type) of a weighted op whose input and constant weight have
-    8-bit uniform types (the input per tensor), else None."""
-    if not any(is_op(node, op) for op in ("Conv", "Gemm", "MatMul")) or len(node.inputs) < 2:
-        return None
-    x, w = node.inputs[0], node.inputs[1]
-    if x is None or w is None or w.const_value is None:
-        return None
-    xt, wt = quant_type(x), quant_type(w)
-    if not isinstance(xt, UniformQuantizedType) or not isinstance(wt, _WEIGHT_TYPES):
-        return None
-    if xt.storage not in ("u8", "i8") or wt.storage not in ("u8", "i8"):
-        return None
-    return w, xt, wt
+def _zero_points(t: _WeightType, rows: int) -> Array:
+    if isinstance(t, UniformQuantizedType):
+        return np.full(rows, t.zero_point)
+    return np.asarray(t.zero_points, np.int64).reshape(-1)
+
+
+# What a dynamic kernel (DynamicQuantizeLSTM) quantizes its float inputs to: uint8 over each run's
+# range, so any stored value in [0, 255]. Only the storage range enters the proof.
+_DYNAMIC_INPUT = UniformQuantizedType("u8", "f32", 1.0, 0)
+
+
+def _row_scales(t: _WeightType, op_type: str, row_axis: int) -> str | None:
+    """None if ``t`` has one scale per row of the kernel's GEMM (or one for all), else why not."""
+    if isinstance(t, UniformQuantizedPerAxisType) and t.axis != row_axis:
+        return f"per-channel scales on axis {t.axis}, not the output's"
+    if isinstance(t, UniformQuantizedSubChannelType) and (
+        op_type != "LSTM" or any(size != 1 for axis, size in t.block_sizes if axis != 2)
+    ):
+        return f"blocked scales {dict(t.block_sizes)}, not one per output channel"
+    return None
+
+
+def _kernels(node: ir.Node) -> list[tuple[ir.Value, UniformQuantizedType, _WeightType]]:
+    """(weight, input type, weight type) of each 8-bit weight of a weighted op whose input is 8-bit
+    (per tensor, or quantized by the kernel itself: an LSTM's)."""
+    if not any(is_op(node, op) for op in ("Conv", "Gemm", "MatMul", "LSTM")) or len(node.inputs) < 2:
+        return []
+    lstm = node.op_type == "LSTM"
+    found = []
+    for index in weight_inputs(node.op_type):
+        x, w = node.inputs[0], node.inputs[index] if index < len(node.inputs) else None
+        if x is None or w is None or w.const_value is None:
+            continue
+        xt, wt = _DYNAMIC_INPUT if lstm else quant_type(x), quant_type(w)
+        if not isinstance(xt, UniformQuantizedType) or not isinstance(wt, _WEIGHT_TYPES):
+            continue
+        if xt.storage in ("u8", "i8") and wt.storage in ("u8", "i8"):
+            found.append((w, xt, wt))
+    return found
 
 
 def _encode_one(
@@ -206,9 +242,7 @@ def _encode_one(
     rows_f = reduction.rows(data)
     stored = reduction.rows(qcast(data, wt).astype(np.int64))
     scales = _scales(wt, rows_f.shape[0])
-    zero_points = np.broadcast_to(
-        np.asarray([wt.zero_point] if isinstance(wt, UniformQuantizedType) else wt.zero_points), scales.shape
-    )
+    zero_points = _zero_points(wt, rows_f.shape[0])
     lo, hi = np.int64(xt.storage_min), np.int64(xt.storage_max)  # every stored value the input can hold
     signal = float((data**2).sum())
     rounded_db = _sqnr(signal, float(((rows_f - (stored - zero_points[:, None]) * scales[:, None]) ** 2).sum()))
@@ -229,20 +263,21 @@ def _encode_one(
         return dataclasses.replace(record, why=f"{record.kernel}: products added in int32")
     if record.margin >= 0:
         return dataclasses.replace(record, why="no pair can leave the int16 range for any input")
-    axis = wt.axis if isinstance(wt, UniformQuantizedPerAxisType) else None
     row_axis = 0 if node.op_type == "Conv" or trans_b else 1
-    if zero_points.any() or (axis is not None and axis != row_axis):
-        why = "asymmetric weights" if zero_points.any() else f"per-channel scales on axis {axis}, not the output's"
+    not_rows = _row_scales(wt, node.op_type, row_axis)
+    if zero_points.any() or not_rows:
+        why = "asymmetric weights" if zero_points.any() else str(not_rows)
         log.warning("%s: weights can saturate on %s and are not encoded: %s", record.node, kernels.cpus, why)
         return dataclasses.replace(record, encoding="not encoded", why=why)
     over = acc.overflow(stored, lo, hi)
     why = f"{_count(int((over > 0).sum()), 'pair')} in {_count(int((over > 0).any(axis=1).sum()), 'channel')} could "
     why += f"leave the int16 range (by up to {int(over.max())})"
-    q, factor = encode_rows(rows_f / scales[:, None], lo, hi, acc, wt.storage_min, wt.storage_max, axis is None)
+    shared = isinstance(wt, UniformQuantizedType)
+    q, factor = encode_rows(rows_f / scales[:, None], lo, hi, acc, wt.storage_min, wt.storage_max, shared)
     if acc.overflow(q, lo, hi).max() > 0:
         raise AssertionError(f"{record.node}: the weight encoding broke its own proof")
     encoded = with_scales(wt, scales * factor)
-    new_scales = _scales(encoded, len(factor))  # type: ignore[arg-type]
+    new_scales = _scales(encoded, len(factor))
     moved = int((q != np.clip(np.rint(rows_f / new_scales[:, None]), wt.storage_min, wt.storage_max)).sum())
     set_quant_type(w, encoded, text=isinstance(encoded, UniformQuantizedType))
     set_stored_values(w, reduction.weight_of(q).astype(wt.storage_type.numpy_dtype))
@@ -262,12 +297,7 @@ def _encode_one(
 def encode_weights(model: ir.Model, kernels: KernelModel) -> list[WeightEncoding]:
     """Check (and where needed, re-encode) the weights of every int8 kernel of ``model``'s main
     graph against ``kernels``; returns a record per kernel."""
-    records = []
-    for node in model.graph:
-        found = _kernel(node)
-        if found is not None:
-            records.append(_encode_one(node, *found, kernels))
-    return records
+    return [_encode_one(node, *found, kernels) for node in model.graph for found in _kernels(node)]
 
 
 def rescale_stored(weight: ir.Value, old: Any, new: Any) -> None:

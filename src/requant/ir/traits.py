@@ -1,6 +1,7 @@
 """Facts about ONNX operators, one table per kind of fact. Generic code keys on these, not on op names.
 
 ``WEIGHTED``: which input is the weight and which the bias (None if the op has none).
+``MORE_WEIGHTS``: further constant weights, quantized like the first (an LSTM's recurrence weight).
 ``WEIGHT_CHANNEL_AXIS``: the output-channel axis of the weight, for per-channel quantization.
 ``NON_DATA_INPUTS``: inputs that are parameters (shapes, axes, bounds), never quantized.
 ``DATA_MOVEMENT``: ops that move or select values without computing new ones: their output can
@@ -15,10 +16,12 @@ import onnx_ir as ir
 __all__ = [
     "DATA_MOVEMENT",
     "ELEMENTWISE_BINARY",
+    "MORE_WEIGHTS",
     "NON_DATA_INPUTS",
     "WEIGHTED",
     "data_inputs",
     "weight_channel_axis",
+    "weight_inputs",
 ]
 
 WEIGHTED: dict[str, tuple[int, int | None]] = {
@@ -26,9 +29,13 @@ WEIGHTED: dict[str, tuple[int, int | None]] = {
     "ConvTranspose": (1, 2),
     "Gemm": (1, 2),
     "MatMul": (1, None),
+    "LSTM": (1, None),  # its bias (input 3) is added in float by every kernel that runs it
 }
 
-WEIGHT_CHANNEL_AXIS: dict[str, int] = {"Conv": 0, "ConvTranspose": 1, "MatMul": 1}
+MORE_WEIGHTS: dict[str, tuple[int, ...]] = {"LSTM": (2,)}
+
+# LSTM: W [directions, 4 x hidden, input], R [directions, 4 x hidden, hidden]: a channel is a gate row
+WEIGHT_CHANNEL_AXIS: dict[str, int] = {"Conv": 0, "ConvTranspose": 1, "MatMul": 1, "LSTM": 1}
 
 NON_DATA_INPUTS: dict[str, tuple[int, ...]] = {
     "Clip": (1, 2),
@@ -43,6 +50,7 @@ NON_DATA_INPUTS: dict[str, tuple[int, ...]] = {
     "Expand": (1,),
     "Tile": (1,),
     "Dropout": (1, 2),
+    "LSTM": (3, 4, 5, 6, 7),  # bias, sequence lengths, initial states, peepholes: float inside the kernel
 }
 
 # data-movement ops and which inputs carry data ("all": every input)
@@ -76,6 +84,12 @@ def weight_channel_axis(node: ir.Node) -> int:
         trans = node.attributes.get("transB")
         return 0 if trans is not None and trans.as_int() else 1
     return WEIGHT_CHANNEL_AXIS[node.op_type]
+
+
+def weight_inputs(op_type: str) -> tuple[int, ...]:
+    """The indices of an op's weight inputs (none for ops without weights)."""
+    first = WEIGHTED.get(op_type)
+    return () if first is None else (first[0], *MORE_WEIGHTS.get(op_type, ()))
 
 
 def data_inputs(node: ir.Node) -> list[int]:

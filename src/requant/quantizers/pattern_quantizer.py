@@ -18,7 +18,7 @@ import onnx_ir as ir
 from requant.ir.annotations import request, set_request
 from requant.ir.queries import constant
 from requant.ir.requests import DerivedSpec, NoQuant, QuantizationSpec, Request
-from requant.ir.traits import DATA_MOVEMENT, WEIGHTED, data_inputs, weight_channel_axis
+from requant.ir.traits import DATA_MOVEMENT, WEIGHTED, data_inputs, weight_channel_axis, weight_inputs
 from requant.quantizers.config import DerivedBias, QuantizationConfig
 from requant.quantizers.finders import NodeFinder
 from requant.quantizers.matcher import PatternMatcher
@@ -86,23 +86,25 @@ def port_requests(
     inside = {id(o) for n in match.nodes for o in n.outputs}
     requests: dict[ir.Value, Request] = {}
     activations: list[ir.Value] = []
+    dynamic = match.pattern.dynamic  # the kernel quantizes its activations itself: weights only
     for node in match.nodes:
         weight_index, bias_index = WEIGHTED.get(node.op_type, (None, None))
+        weights = weight_inputs(node.op_type)
         weight_value = (
             node.inputs[weight_index] if weight_index is not None and weight_index < len(node.inputs) else None
         )
-        weight_is_const = constant(weight_value) is not None
         for i in data_inputs(node):
             value = node.inputs[i]
             if value is None or id(value) in inside:
                 continue
-            if i == weight_index and weight_is_const and config.weight is not None:
-                wanted = _weight_request(node, config.weight)
-                if table is not None and table.weight_rule is not None and isinstance(wanted, QuantizationSpec):
-                    wanted, note = table.weight_rule(node, wanted)
-                    if note and notes is not None:
-                        notes.append(note)
-                requests[value] = wanted
+            if i in weights and constant(value) is not None:
+                if config.weight is not None:
+                    wanted = _weight_request(node, config.weight)
+                    if table is not None and table.weight_rule is not None and isinstance(wanted, QuantizationSpec):
+                        wanted, note = table.weight_rule(node, value, wanted)
+                        if note and notes is not None and note not in notes:
+                            notes.append(note)
+                    requests[value] = wanted
             elif i == bias_index and weight_value is not None:
                 if isinstance(config.bias, DerivedBias):
                     source = node.inputs[0]
@@ -112,14 +114,14 @@ def port_requests(
                     requests[value] = config.bias
             elif node is not match.nodes[0] and constant(value) is not None:
                 continue  # a constant after the kernel (a MatMul's bias Add) meets its float result: float
-            elif i != weight_index or not weight_is_const:
+            elif not dynamic:
                 activations.append(value)
                 if config.input_activation is not None:
                     requests[value] = config.input_activation
     outputs = [o for o in match.nodes[-1].outputs if o.uses() or o.is_graph_output()]
     # a kernel with a float output (MatMulIntegerToFloat) asks nothing of it: a consumer may still
     # want it quantized (the next linear layer's input)
-    if config.output_activation is not None and not config.float_output:
+    if config.output_activation is not None and not config.float_output and not dynamic:
         for out in outputs:
             requests[out] = config.output_activation
     return requests, outputs

@@ -10,6 +10,7 @@ in the accumulator, in float, and in output steps (for kernels with a quantized 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,14 +66,74 @@ def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), default)
 
 
+def _check(
+    node: onnx.NodeProto, op: str, weight: Any, storage: str, kernels: KernelModel, scales: tuple[Any, Any, Any]
+) -> tuple[bool, SaturationFinding | None]:
+    """(whether the weight is a uint8 x int8 kernel's, the finding if its pairs can saturate)."""
+    group = _attribute(node, "group", 1)
+    rule = kernels.find(op, storage, "i8", op == "Conv" and is_depthwise(weight.shape, group))
+    if rule is None or storage != "u8":
+        return False, None
+    if not rule.accumulation.saturates:
+        return True, None
+    reduction = Reduction(op, weight.shape, bool(_attribute(node, "transB", 0)), group)
+    rows = reduction.rows(weight.astype(np.int64))
+    top, bottom = rule.accumulation.pair_extremes(rows, 0, 255)
+    low, high = rule.accumulation.pair_limits
+    up, down = np.maximum(top - high, 0), np.maximum(low - bottom, 0)
+    if not (up.any() or down.any()):
+        return True, None
+    worst = np.maximum(up.sum(axis=1), down.sum(axis=1))  # per output channel: every pair at its worst
+    channel = int(worst.argmax())
+    scale_x, scale_w, scale_y = scales
+    error = None
+    if scale_x is not None and scale_w is not None:
+        w_scale = np.broadcast_to(np.asarray(scale_w, np.float64).reshape(-1), worst.shape)[channel]
+        error = float(worst[channel] * float(scale_x) * w_scale)
+    steps = error / float(scale_y) if error is not None and scale_y is not None else None
+    finding = SaturationFinding(
+        node.name or node.op_type,
+        node.op_type,
+        int(((up > 0) | (down > 0)).sum()),
+        int(((up > 0) | (down > 0)).any(axis=1).sum()),
+        int(worst[channel]),
+        error,
+        steps,
+    )
+    return True, finding
+
+
 def find_saturation(
     graph: onnx.GraphProto, kernels: KernelModel = ONNXRUNTIME_X86
 ) -> tuple[int, list[SaturationFinding]]:
-    """(how many uint8 x int8 kernels with constant weights ``graph`` has, the ones that can saturate)."""
+    """(how many uint8 x int8 kernels with constant weights ``graph`` has, the ones that can saturate).
+
+    A ``DynamicQuantizeLSTM`` counts once and is checked for both its weights (input and recurrence,
+    stored ``[directions, size, 4 x hidden]``); its inputs' scales change with every run, so its
+    worst error is given in accumulator units only."""
     constants = {t.name: t for t in graph.initializer}
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info]}
     checked, findings = 0, []
     for node in graph.node:
+        if node.op_type == "DynamicQuantizeLSTM":
+            weights = [_constant(constants, node, i) for i in (1, 2)]
+            results = [
+                _check(node, "LSTM", w.transpose(0, 2, 1), "u8", kernels, (None, None, None))
+                for w in weights
+                if w is not None and w.dtype == np.int8 and w.ndim == 3
+            ]
+            checked += any(counted for counted, _ in results)
+            found = [f for _, f in results if f is not None]
+            if found:  # one finding for the kernel: both weights' pairs and channels
+                findings.append(
+                    dataclasses.replace(
+                        found[0],
+                        pairs=sum(f.pairs for f in found),
+                        channels=sum(f.channels for f in found),
+                        worst_accumulator_error=max(f.worst_accumulator_error for f in found),
+                    )
+                )
+            continue
         layout = _KERNELS.get(node.op_type)
         if layout is None:
             continue
@@ -86,37 +147,9 @@ def find_saturation(
             if zero is None
             else _STORAGE.get(onnx.helper.np_dtype_to_tensor_dtype(zero.dtype), "u8")
         )  # DynamicQuantizeMatMul quantizes its float input to uint8
-        group = _attribute(node, "group", 1)
-        rule = kernels.find(op, storage, "i8", op == "Conv" and is_depthwise(weight.shape, group))
-        if rule is None or storage != "u8":
-            continue
-        checked += 1
-        if not rule.accumulation.saturates:
-            continue
-        reduction = Reduction(op, weight.shape, bool(_attribute(node, "transB", 0)), group)
-        rows = reduction.rows(weight.astype(np.int64))
-        top, bottom = rule.accumulation.pair_extremes(rows, 0, 255)
-        low, high = rule.accumulation.pair_limits
-        up, down = np.maximum(top - high, 0), np.maximum(low - bottom, 0)
-        if not (up.any() or down.any()):
-            continue
-        worst = np.maximum(up.sum(axis=1), down.sum(axis=1))  # per output channel: every pair at its worst
-        channel = int(worst.argmax())
-        scale_x, scale_w, scale_y = (_constant(constants, node, i) for i in (a_scale, b_scale, y_scale))
-        error = None
-        if scale_x is not None and scale_w is not None:
-            w_scale = np.broadcast_to(np.asarray(scale_w, np.float64).reshape(-1), worst.shape)[channel]
-            error = float(worst[channel] * float(scale_x) * w_scale)
-        steps = error / float(scale_y) if error is not None and scale_y is not None else None
-        findings.append(
-            SaturationFinding(
-                node.name or node.op_type,
-                node.op_type,
-                int(((up > 0) | (down > 0)).sum()),
-                int(((up > 0) | (down > 0)).any(axis=1).sum()),
-                int(worst[channel]),
-                error,
-                steps,
-            )
-        )
+        scales = tuple(_constant(constants, node, i) for i in (a_scale, b_scale, y_scale))
+        counted, finding = _check(node, op, weight, storage, kernels, scales)
+        checked += counted
+        if finding is not None:
+            findings.append(finding)
     return checked, findings

@@ -10,7 +10,9 @@ ONNX Runtime 1.31 on x86-64 (MLAS), established by running every case against ON
 adversarial weights and inputs (``tests/test_kernel_model.py``) and read from MLAS's source:
 
 - uint8 x int8, CPUs without VNNI (AVX2, and AVX-512 without VNNI): every GEMM (``QGemm``,
-  ``QLinearMatMul``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``, ``MatMulInteger``) and
+  ``QLinearMatMul``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``, ``MatMulInteger``, and
+  ``DynamicQuantizeLSTM``'s two GEMMs: its input, and its hidden state at each step, quantized to uint8
+  over its whole range by the kernel, times the weights of every gate row) and
   every ``QLinearConv`` that is not depthwise (MLAS's ConvSym kernel for one group whose input
   channels are a multiple of 4 and output channels a multiple of 8, at least 16; a QGEMM over an
   NHWC im2col otherwise, one per group) multiply with ``vpmaddubsw``: reduction elements ``2j``
@@ -80,7 +82,7 @@ class KernelModel:
         return self.name
 
 
-_CONV, _LINEAR = frozenset({"Conv"}), frozenset({"Gemm", "MatMul"})
+_CONV, _LINEAR, _LSTM = frozenset({"Conv"}), frozenset({"Gemm", "MatMul"}), frozenset({"LSTM"})
 
 ONNXRUNTIME_X86 = KernelModel(
     "ONNX Runtime x86-64 without VNNI",
@@ -89,7 +91,8 @@ ONNXRUNTIME_X86 = KernelModel(
         KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True),
         KernelRule("QLinearConv (MLAS ConvSym / QGEMM, vpmaddubsw)", _CONV, INT16_PAIRS, "u8", "i8"),
         KernelRule("QGemm, MatMulIntegerToFloat, QLinearMatMul (QGEMM, vpmaddubsw)", _LINEAR, INT16_PAIRS, "u8", "i8"),
-        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR, INT32, "u8", "u8"),
+        KernelRule("DynamicQuantizeLSTM (QGEMM, vpmaddubsw)", _LSTM, INT16_PAIRS, "u8", "i8"),
+        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
         KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
     ),
 )
@@ -98,7 +101,7 @@ ONNXRUNTIME_X86_VNNI = KernelModel(
     "ONNX Runtime x86-64 with VNNI",
     "x86-64 CPUs with AVX-VNNI, AVX512-VNNI or AMX (Intel Cascade Lake / Ice Lake / Alder Lake and later, "
     "AMD Zen 4 and later)",
-    (KernelRule("uint8 x int8 (MLAS vpdpbusd)", _CONV | _LINEAR, INT32),),
+    (KernelRule("uint8 x int8 (MLAS vpdpbusd)", _CONV | _LINEAR | _LSTM, INT32),),
 )
 
 
@@ -107,8 +110,9 @@ class Reduction:
     """A weighted op's weight as the rows of its kernel's GEMM, in the kernel's reduction order.
 
     ``rows(weight)`` is ``[N, K]``: one row per output channel, ``K`` the reduction of its group
-    (a convolution's kernel positions, each with its group's input channels); ``weight_of(rows)``
-    is the inverse.
+    (a convolution's kernel positions, each with its group's input channels; an LSTM's weight
+    ``[directions, 4 x hidden, K]`` gives a row per direction and gate); ``weight_of(rows)`` is the
+    inverse.
     """
 
     op_type: str
@@ -120,6 +124,8 @@ class Reduction:
         if self.op_type == "Conv":
             cout = weight.shape[0]
             return np.moveaxis(weight, 1, -1).reshape(cout, -1)  # [Cout, kh, kw, Cin/g]
+        if self.op_type == "LSTM":
+            return weight.reshape(-1, weight.shape[-1])
         if self.op_type == "Gemm" and self.trans_b:
             return weight
         return weight.T  # MatMul and Gemm: [K, N]
@@ -128,6 +134,8 @@ class Reduction:
         if self.op_type == "Conv":
             cout, cin = self.shape[:2]
             return np.moveaxis(rows.reshape(cout, *self.shape[2:], cin), -1, 1)
+        if self.op_type == "LSTM":
+            return rows.reshape(self.shape)
         if self.op_type == "Gemm" and self.trans_b:
             return rows
         return rows.T

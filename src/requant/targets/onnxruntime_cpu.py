@@ -141,12 +141,46 @@ def _check_float_output(node: ir.Node) -> Verdict:
     )
 
 
+def _check_lstm(match: Match, config: QuantizationConfig) -> Verdict:
+    """An LSTM runs as ``DynamicQuantizeLSTM``: uint8 inputs quantized by the kernel from each run's
+    range (its input projection once per run, the hidden state at every step), 8-bit weights per
+    gate row, float bias, gates and states."""
+    node = match.nodes[0]
+    spec = config.weight
+    if not isinstance(spec, QuantizationSpec):
+        return Reject("the config keeps weights float, and an LSTM's int8 kernel only quantizes weights", at=node)
+    if spec.dtype not in ("int8", "uint8") or spec.granularity == "blockwise":
+        why = f"{spec.dtype} {spec.granularity.replace('_', '-')} weights"
+        return Reject(f"DynamicQuantizeLSTM takes 8-bit weights per tensor or per gate row, not {why}", at=node)
+    if spec.dtype == "uint8" and not spec.symmetric:
+        return Reject("DynamicQuantizeLSTM takes uint8 weights with one zero point for all rows", at=node)
+    layout = node.attributes.get("layout")
+    if layout is not None and layout.as_int() != 0:
+        return Reject("ONNX Runtime 1.31 runs no batch-first (layout=1) LSTM, float or int8", at=node)
+    for index in (1, 2):
+        value = node.inputs[index] if index < len(node.inputs) else None
+        data = constant(value)
+        if data is None or data.ndim != 3:
+            name = value.name if value is not None else "?"
+            return Reject(f"LSTM weight '{name}' is not a constant [directions, 4 x hidden, size] tensor", at=node)
+    return Accept()
+
+
+def _no_int8_rnn(match: Match, config: QuantizationConfig) -> Verdict:
+    node = match.nodes[0]
+    return Reject(
+        f"ONNX Runtime 1.31 has no int8 {node.op_type} kernel (only LSTM: DynamicQuantizeLSTM); its weights stay float",
+        at=node,
+    )
+
+
 def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]  # conv/matmul + folded activation
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]  # residual sum + activation
     chains += [("MatMul", "Add"), ("MatMul", "Add", "Relu")]  # linear layers exporters did not fuse
-    return tuple(Pattern(chain, _check) for chain in chains)
+    recurrent = (Pattern(("LSTM",), _check_lstm, dynamic=True), Pattern(("GRU",), _no_int8_rnn))
+    return (*(Pattern(chain, _check) for chain in chains), *recurrent, Pattern(("RNN",), _no_int8_rnn))
 
 
 def is_depthwise(node: ir.Node) -> bool:
@@ -156,8 +190,9 @@ def is_depthwise(node: ir.Node) -> bool:
     return group is not None and group.as_int() > 1 and weight is not None and weight.shape[1] == 1
 
 
-def _weight_rule(node: ir.Node, spec: QuantizationSpec) -> tuple[QuantizationSpec, str]:
-    """Depthwise convs get full-range int8 weights when the config asks for a reduced range or uint8.
+def _weight_rule(node: ir.Node, weight: ir.Value, spec: QuantizationSpec) -> tuple[QuantizationSpec, str]:
+    """Depthwise convs get full-range int8 weights when the config asks for a reduced range or uint8;
+    an LSTM's per-channel weights get one scale per direction and gate row.
 
     uint8 weights exist for ONNX Runtime's exact uint8 x uint8 GEMM; its uint8-weight depthwise
     kernel is a slow path (measured on EfficientNet-Lite0, ONNX Runtime 1.31: a 5x5 depthwise
@@ -171,6 +206,12 @@ def _weight_rule(node: ir.Node, spec: QuantizationSpec) -> tuple[QuantizationSpe
     if (spec.reduce_range or spec.dtype == "uint8") and is_depthwise(node):
         note = "depthwise Conv: full-range int8 weights (int32 kernel)"
         return dataclasses.replace(spec, dtype="int8", reduce_range=False), note
+    if node.op_type == "LSTM" and spec.granularity == "per_axis" and weight.shape is not None:
+        # DynamicQuantizeLSTM's scales are [directions, 4 x hidden]: blocks spanning the reduction axis
+        size = weight.shape[-1]
+        if isinstance(size, int):
+            note = "LSTM: a scale per direction and gate row"
+            return dataclasses.replace(spec, granularity="blockwise", axis=2, block_size=size), note
     return spec, ""
 
 

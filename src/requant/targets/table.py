@@ -68,24 +68,30 @@ Check: TypeAlias = Callable[[Match, "QuantizationConfig"], Verdict]
 
 @dataclass(frozen=True)
 class Pattern:
-    """A chain of op types, each consuming the previous one's only output, run as one kernel."""
+    """A chain of op types, each consuming the previous one's only output, run as one kernel.
+
+    ``dynamic``: the kernel quantizes its activations itself, from each run's values (ONNX
+    Runtime's ``DynamicQuantizeLSTM``): only its weights get requests; its activation ports get
+    none, and read whatever their producers and consumers make of them.
+    """
 
     ops: tuple[str, ...]
     check: Check
+    dynamic: bool = False
 
     @property
     def name(self) -> str:
         return "->".join(self.ops)
 
 
-WeightRule: TypeAlias = "Callable[[ir.Node, QuantizationSpec], tuple[QuantizationSpec, str]]"
+WeightRule: TypeAlias = "Callable[[ir.Node, ir.Value, QuantizationSpec], tuple[QuantizationSpec, str]]"
 
 
 @dataclass(frozen=True)
 class SupportTable:
     """A target's patterns, longest first (the matcher tries them in this order).
 
-    ``weight_rule``: the target's adjustment of a weight's spec for one node, with the note the
+    ``weight_rule``: the target's adjustment of a weight's spec for one node and weight, with the note the
     report shows (``""`` when it changed nothing). ``decompositions``: ops the target has no int8
     kernel for, rewritten into ops it has before the quantizers annotate (by op type).
     """

@@ -138,15 +138,18 @@ def _at_least(scale: float, expressed: str) -> float:
 
 
 def with_scales(t: UniformType, scales: npt.ArrayLike) -> UniformType:
-    """``t`` with other scales (one per channel, or the largest for a per-layer type), each rounded
-    up to the expressed type: a raised scale never ends up below what was asked."""
+    """``t`` with other scales (one per channel or block, or the largest for a per-layer type), each
+    rounded up to the expressed type: a raised scale never ends up below what was asked."""
     values = np.asarray(scales, np.float64).reshape(-1)
     if isinstance(t, UniformQuantizedType):
         scale = _at_least(float(values.max()), t.expressed)
         return UniformQuantizedType(t.storage, t.expressed, scale, t.zero_point, t.storage_min, t.storage_max)
-    if not isinstance(t, UniformQuantizedPerAxisType):
-        raise QuantTypeError(f"new scales for per-layer or per-axis types only, not {t}")
     rounded = [_at_least(float(s), t.expressed) for s in values]
+    if isinstance(t, UniformQuantizedSubChannelType):  # the scales in the order of the block grid
+        grid = np.asarray(rounded).reshape(t.scales.shape)
+        return UniformQuantizedSubChannelType(
+            t.storage, t.expressed, t.block_sizes, grid, t.zero_points, t.storage_min, t.storage_max
+        )
     return UniformQuantizedPerAxisType(
         t.storage, t.expressed, t.axis, rounded, t.zero_points, t.storage_min, t.storage_max
     )

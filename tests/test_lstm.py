@@ -1,0 +1,128 @@
+"""LSTMs on ONNX Runtime: ``DynamicQuantizeLSTM`` with weights proven not to saturate on CPUs
+without VNNI; GRU and RNN stay float with the reason.
+
+The real model is a bidirectional LSTM trained on scikit-learn's digits (rows as a sequence),
+quantized through the PyTorch front door. The adversarial one has weights whose full-range int8
+pairs leave int16 for inputs at the top of their range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import requant
+from requant.report.lint import lint
+from tests.models.digits import digits_split, train_digits_lstm
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def digits_lstm() -> tuple[Any, np.ndarray, dict[str, np.ndarray]]:
+    net, accuracy = train_digits_lstm()
+    assert accuracy > 0.95
+    x_train, _, x_test, y_test = digits_split()
+    return net, x_train[:200], {"x": x_test, "labels": y_test}
+
+
+def _run(model: Any, x: np.ndarray) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+def test_a_trained_lstm_runs_as_dynamicquantizelstm(digits_lstm: tuple[Any, np.ndarray, dict[str, Any]]) -> None:
+    net, calibration, evaluation_data = digits_lstm  # a dict with labels, as an .npz would have them
+    example = (torch.from_numpy(evaluation_data["x"][:1]),)
+    quantized = requant.quantize(
+        net, {"x": calibration}, eval_data=evaluation_data, measure=False, example_inputs=example
+    )
+    ops = [n.op_type for n in quantized.model.graph]
+    assert "DynamicQuantizeLSTM" in ops and "LSTM" not in ops
+    lstm = next(n for n in quantized.model.graph if n.op_type == "DynamicQuantizeLSTM")
+    assert lstm.domain == "com.microsoft" and quantized.model.opset_imports["com.microsoft"] == 1
+    w, r = (lstm.inputs[i] for i in (1, 2))
+    assert w is not None and r is not None and w.const_value is not None and r.const_value is not None
+    # transposed for the kernel: [directions, size, 4 x hidden]; 8-bit, a scale per direction and gate row
+    assert tuple(w.const_value.shape) == (2, 8, 128) and tuple(r.const_value.shape) == (2, 32, 128)
+    assert w.const_value.dtype in (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
+    scale = lstm.inputs[8]
+    assert scale is not None and scale.const_value is not None and tuple(scale.const_value.shape) == (2, 128)
+    evaluation = quantized.report["evaluation"]
+    assert evaluation["int8_accuracy"] >= evaluation["float_accuracy"] - 0.01
+    assert evaluation["top1_agreement"] >= 0.98
+    assert quantized.report["lint"]["int8_kernels"]["DynamicQuantizeLSTM"] == 1
+    encodings = [k for k in quantized.report["weight_encoding"]["kernels"] if k["node"] == lstm.name]
+    assert len(encodings) == 2 and all(k["margin"] >= 0 for k in encodings)
+
+
+def _adversarial_lstm(steps: int = 4, size: int = 16, hidden: int = 8, layout: int = 0, op: str = "LSTM") -> Any:
+    """An LSTM whose gate rows have pairs of large same-sign weights: full-range int8 weights
+    saturate in int16 for inputs near the top of the uint8 range."""
+    rng = np.random.default_rng(3)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    w = rng.normal(0, 0.05, (1, gates * hidden, size)).astype(np.float32)
+    w[:, :, 0:4] = 0.25 * np.sign(rng.normal(size=(1, gates * hidden, 1)))  # two saturating pairs per row
+    r = rng.normal(0, 0.1, (1, gates * hidden, hidden)).astype(np.float32)
+    shape, out = ([1, steps, size], [1, steps, 1, hidden]) if layout else ([steps, 1, size], [steps, 1, 1, hidden])
+    attributes: dict[str, Any] = {"hidden_size": hidden}
+    if layout:
+        attributes["layout"] = layout
+    node = helper.make_node(op, ["x", "w", "r"], ["y"], **attributes)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(r, "r")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model
+
+
+def test_lstm_weights_are_encoded_so_no_pair_saturates_without_vnni(tmp_path: Path) -> None:
+    model = _adversarial_lstm()
+    calibration = {"x": np.random.default_rng(0).uniform(0, 1, (16, 4, 1, 16)).astype(np.float32)}
+    exact = requant.quantize(model, calibration, measure=False)
+    full = requant.quantize(model, calibration, target="onnxruntime-cpu-vnni", measure=False)
+    by_weight = {k["weight"]: k for k in exact.report["weight_encoding"]["kernels"]}
+    assert by_weight["w"]["encoding"] == "pair-safe" and by_weight["w"]["margin"] >= 0
+    assert tuple(by_weight["w"]["input_range"]) == (0, 255)  # quantized by the kernel over each run's range
+    vnni = {k["weight"]: k for k in full.report["weight_encoding"]["kernels"]}
+    assert vnni["w"]["encoding"] == "full range"  # exact with VNNI; lint below shows it can saturate here
+    for kind, quantized in (("exact", exact), ("full", full)):
+        quantized.save(tmp_path / f"{kind}.onnx")
+    x = np.random.default_rng(99).uniform(0.9, 1.0, (4, 1, 16)).astype(np.float32)  # near the top: worst pairs
+    reference = _run(model, x)
+    error_exact = np.abs(_run(str(tmp_path / "exact.onnx"), x) - reference).max()
+    error_full = np.abs(_run(str(tmp_path / "full.onnx"), x) - reference).max()
+    # the weights' rounding alone: a few steps of the widest row scale through the gates
+    assert error_exact < 0.02
+    assert error_full > 4 * error_exact  # full-range weights saturate on CPUs without VNNI (this machine)
+    assert lint(onnx.load(tmp_path / "exact.onnx")).can_saturate == []
+    assert [f.op_type for f in lint(onnx.load(tmp_path / "full.onnx")).can_saturate] == ["DynamicQuantizeLSTM"]
+
+
+@pytest.mark.parametrize(
+    ("op", "layout", "reason"),
+    [
+        ("GRU", 0, "ONNX Runtime 1.31 has no int8 GRU kernel"),
+        ("RNN", 0, "ONNX Runtime 1.31 has no int8 RNN kernel"),
+    ],
+)
+def test_recurrent_ops_without_an_int8_kernel_stay_float_with_the_reason(op: str, layout: int, reason: str) -> None:
+    model = _adversarial_lstm(op=op, layout=layout)
+    shape = (1, 4, 16) if layout else (4, 1, 16)
+    calibration = {"x": np.random.default_rng(0).uniform(0, 1, (8, *shape)).astype(np.float32)}
+    quantized = requant.quantize(model, calibration, measure=False)
+    assert [n.op_type for n in quantized.model.graph] == [op]
+    decisions = [d for q in quantized.report["quantizers"]["quantizers"] for d in q["decisions"]]
+    assert any(d["status"] == "rejected" and reason in d["reason"] for d in decisions), decisions
