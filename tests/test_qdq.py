@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from requant.backends.qdq import materialize_qdq
+from requant.backends.qdq import finish_qdq, materialize_qdq
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.ir.annotations import set_quant_type
@@ -15,7 +15,9 @@ def _qdq(text: str, types: dict[str, str]) -> str:
     values = {v.name: v for v in graph_values(model.graph)}
     for name, t in types.items():
         set_quant_type(values[name], parse_type(t))
-    return print_model(materialize_qdq(model))
+    model = materialize_qdq(model)
+    finish_qdq(model)
+    return print_model(model)
 
 
 def test_shape_reads_the_float_value() -> None:
@@ -45,3 +47,38 @@ def test_a_value_only_measured_gets_no_pair() -> None:
     )
     assert "QuantizeLinear" not in printed and "DequantizeLinear" not in printed
     assert "= Shape(%x)" in printed and "= Size(%x)" in printed
+
+
+def _ops(printed: str) -> list[str]:
+    return [
+        line.split(" = ")[1].split("(")[0]
+        for line in printed.splitlines()
+        if " = " in line and "initializer" not in line
+    ]
+
+
+def test_a_relu_ending_a_kernel_goes_when_its_quantizelinear_clamps_the_same() -> None:
+    """Q(relu(x)) == Q(x) when the zero point is the lowest stored value: the Relu goes (exact)."""
+    text = "g (float[N,4] x) => (float[N,4] y) { t = Mul(x, x) r = Relu(t) y = Sigmoid(r) }"
+    dropped = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.25>"})
+    assert _ops(dropped) == [
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "Mul",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "Sigmoid",
+    ]
+    kept = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.25:1>"})
+    assert "Relu" in _ops(kept)  # zero point 1: -0.25 is representable, the Relu clamps it
+
+
+def test_a_clip_goes_only_when_the_quantized_range_ends_at_its_bounds() -> None:
+    text = (
+        "g (float[N,4] x) => (float[N,4] y) <float lo = {0.0}, float hi = {6.0}> "
+        "{ t = Mul(x, x) r = Clip(t, lo, hi) y = Sigmoid(r) }"
+    )
+    six = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.0235294122>"})
+    assert "Clip" not in _ops(six)  # 255 steps of 6/255: the top stored value is 6
+    eight = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.0313725509>"})
+    assert "Clip" in _ops(eight)  # values in (6, 8] are representable: the Clip changes them

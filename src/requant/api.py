@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from requant.backends import materialize_qdq
+from requant.backends import finish_qdq, materialize_qdq
 from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
 from requant.calibration.data import Replayed, check_exists, iter_samples, read_labels
@@ -136,6 +136,7 @@ def _convert(
     floats = float_parameters(model) if bias_data is not None else {}
     model = materialize_qdq(model)
     kernels = correct_biases(model, floats, bias_data, bias_samples, progress, correct) if bias_data is not None else []
+    finish_qdq(model)
     proto = ir.serde.serialize_model(model)
     return _Converted(model, proto, propagation.notes, propagation.encodings, lint(proto), kernels)
 

@@ -1,10 +1,11 @@
 """``compare``: a float model and a quantized one (QDQ, from requant or another tool), tensor by tensor.
 
 Each ``QuantizeLinear`` of the quantized model with constant parameters marks a tensor both models
-compute: its input is the float tensor of that name. Both models run on the same samples; the
-quantized one as ONNX Runtime fuses it (its int8 kernels, saturation included: the QuantizeLinear
-outputs are what the fused kernels produce), its integers dequantized here with the
-QuantizeLinear's scale and zero point. Per tensor: SQNR (float energy over error energy, dB),
+compute: its input is the float tensor of that name (or the value requant recorded on it, where it
+dropped a clamp the QuantizeLinear makes redundant: :func:`requant.ir.provenance.quantizes`). Both
+models run on the same samples; the quantized one as ONNX Runtime fuses it (its int8 kernels,
+saturation included: the QuantizeLinear outputs are what the fused kernels produce), its integers
+dequantized here with the QuantizeLinear's scale and zero point. Per tensor: SQNR (float energy over error energy, dB),
 cosine similarity, largest error, and the quantized type; and each tensor's *own* loss: how far
 its SQNR falls below the worst of the tensors it is computed from (where the error jumps).
 
@@ -25,6 +26,7 @@ import onnx_ir as ir
 from requant.calibration.data import check_exists, iter_samples
 from requant.errors import RequantError
 from requant.frontends import load_onnx
+from requant.ir.provenance import quantizes
 from requant.ir.queries import constant, is_op
 from requant.report.latency import session
 
@@ -81,7 +83,7 @@ def _quantized_tensors(model: ir.Model) -> dict[str, tuple[str, np.ndarray, np.n
             continue
         axis = node.attributes.get("axis")
         zero_point = zero if zero is not None else np.zeros_like(scale, dtype=np.uint8)
-        found.setdefault(str(node.inputs[0].name), (str(node.outputs[0].name), scale, zero_point,
+        found.setdefault(quantizes(node), (str(node.outputs[0].name), scale, zero_point,
                                                     axis.as_int() if axis is not None else None))  # fmt: skip
     return found
 

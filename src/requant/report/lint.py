@@ -121,6 +121,17 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     # a node ONNX Runtime rewrote (MatMul + Add fused into a Gemm) has a new name but still
     # produces the last original node's output: join on that too
     asked_outputs = {out: f"{node.op_type} '{node.name}'" for node in asked_nodes for out in node.output}
+    # ... or reads its dequantized weight (a MatMul fused with its float bias Add into a float Gemm)
+    initializers = {t.name for t in proto.graph.initializer}
+    dequantized_weights = {
+        n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in initializers
+    }
+    asked_weights = {
+        name: f"{node.op_type} '{node.name}'"
+        for node in asked_nodes
+        for name in node.input[1:]
+        if name in dequantized_weights
+    }
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -151,7 +162,11 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             result.qdq_pairs.append(label)
         if node.op_type in _QDQ or node.op_type in INT8_KERNELS:
             continue
-        original = asked.get(node.name) or next((asked_outputs[o] for o in node.output if o in asked_outputs), None)
+        original = (
+            asked.get(node.name)
+            or next((asked_outputs[o] for o in node.output if o in asked_outputs), None)
+            or next((asked_weights[i] for i in node.input if i in asked_weights), None)
+        )
         if original is not None:  # ONNX Runtime keeps the names of the nodes it did not fuse
             runs_as = node.op_type if node.name in asked else f"{node.op_type} '{node.name or node.op_type}'"
             result.asked_but_float.append(f"{original} (runs as {runs_as})")
