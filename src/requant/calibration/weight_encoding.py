@@ -56,6 +56,7 @@ __all__ = ["WeightEncoding", "encode_rows", "encode_weights", "rescale_stored"]
 log = logging.getLogger("requant.calibration")
 
 Array = npt.NDArray[Any]
+_ROWS_PER_BLOCK = 512  # the rows encoded at once: bounds the search's copies (~10 float64 [512, K] arrays)
 _TRIED = (0.8, 0.9, 0.95, 1.0)  # where between t = 1 and t_safe a channel's factor is tried (the best is near t_safe)
 _WeightType = UniformQuantizedType | UniformQuantizedPerAxisType | UniformQuantizedSubChannelType
 _WEIGHT_TYPES = (UniformQuantizedType, UniformQuantizedPerAxisType, UniformQuantizedSubChannelType)
@@ -144,7 +145,13 @@ def encode_rows(
     """Integers ``q`` (``[N, K]``) and a factor ``t`` per row (``[N]``, >= 1) such that ``q * t``
     is close to ``f`` (weights in units of their row's scale, in the kernel's reduction order) and
     no pair of ``q`` can leave ``acc``'s pair range for inputs in ``[lo, hi]`` (scalars or ``[K]``).
-    ``shared_scale``: one factor for all rows (a per-tensor weight type)."""
+    ``shared_scale``: one factor for all rows (a per-tensor weight type). Rows are encoded
+    independently, a block at a time (the search keeps several float64 copies of its rows)."""
+    if not shared_scale and len(f) > _ROWS_PER_BLOCK:
+        blocks = [
+            encode_rows(f[i : i + _ROWS_PER_BLOCK], lo, hi, acc, qmin, qmax) for i in range(0, len(f), _ROWS_PER_BLOCK)
+        ]
+        return np.concatenate([q for q, _ in blocks]), np.concatenate([t for _, t in blocks])
     f = np.asarray(f, np.float64)
     lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
     n, k = f.shape

@@ -66,6 +66,18 @@ def register(commands: Any) -> None:
         "(measured on 64 calibration samples; the model is quantized a second time)",
     )
     sub.add_argument(
+        "--max-drop",
+        metavar="X",
+        type=float,
+        help="an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
+        "the fewest kernels with the lowest measured SQNR until it does not (each try re-quantizes)",
+    )
+    sub.add_argument(
+        "--metric",
+        choices=("accuracy", "top1", "cosine"),
+        help="what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
+    )
+    sub.add_argument(
         "--no-measure",
         dest="measure",
         action="store_false",
@@ -119,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, key in (
         ("output", "output"), ("calib", "calib"), ("eval", "eval"), ("target", "target"), ("method", "method"),
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
-        ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"),
+        ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"), ("max_drop", "max_drop"),
+        ("metric", "metric"),
     ):  # fmt: skip
         if getattr(args, flag) is not None:
             setattr(settings, key, getattr(args, flag))
@@ -143,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         strict=settings.strict,
         bias_correction=settings.bias_correction,
         keep_float_below=settings.keep_float_below,
+        max_drop=settings.max_drop,
+        metric=settings.metric,
         measure=args.measure,
     )
     texts = {}

@@ -1,0 +1,158 @@
+"""An accuracy budget: keep float the fewest int8 kernels that bring the drop within it.
+
+The drop is measured on the evaluation data, by one of three metrics:
+
+- ``accuracy``: float accuracy minus int8 accuracy (needs labels);
+- ``top1``: one minus the top-1 agreement of the two models' first outputs;
+- ``cosine``: one minus the mean cosine similarity of the first outputs (embeddings).
+
+The default is ``accuracy`` when the evaluation data has labels, else ``top1``.
+
+The kernels are ranked by their measured effect (:func:`effect_ranking`): how much the first
+output's SQNR against the float model rises when that kernel alone computes in float, in ONNX
+Runtime with every other kernel fused as it is (a kernel that saturates on this CPU shows). The
+search keeps the ``k`` most effective float, ``k`` found by doubling and then bisection: the fewest
+for which the re-quantized model's drop is within the budget, each try a quantization and an
+evaluation (every try is in the report). It assumes that keeping more kernels float never raises
+the drop, and effects measured one at a time do not add up; both show in the report's tries.
+ONNX Runtime's CPU provider has no fast 16-bit kernel (a uint16 convolution runs in float between
+conversions), so on its targets a kernel is promoted straight to float.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from requant.errors import RequantError
+
+__all__ = ["METRICS", "BudgetError", "BudgetStep", "choose_metric", "drop", "effect_ranking", "fewest"]
+
+METRICS = ("accuracy", "top1", "cosine")
+_NAMES = {"accuracy": "accuracy drop", "top1": "top-1 disagreement", "cosine": "1 - cosine"}
+
+
+class BudgetError(RequantError):
+    """An accuracy budget that cannot be measured as asked (no labels for ``accuracy``...)."""
+
+
+def choose_metric(metric: str | None, has_labels: bool) -> str:
+    """The metric to use: the one asked for, or ``accuracy`` with labels and ``top1`` without."""
+    if metric is None:
+        return "accuracy" if has_labels else "top1"
+    if metric not in METRICS:
+        raise BudgetError(f"the budget's metric {metric!r} is not one of {', '.join(METRICS)}")
+    if metric == "accuracy" and not has_labels:
+        raise BudgetError("the budget's metric 'accuracy' needs labels in the evaluation data ('labels')")
+    return metric
+
+
+def drop(evaluation: Mapping[str, float], metric: str) -> float:
+    """How much the int8 model loses on ``metric``, from an evaluation record (``requant.quantize``'s)."""
+    if metric == "accuracy":
+        return evaluation["float_accuracy"] - evaluation["int8_accuracy"]
+    if metric == "top1":
+        return 1.0 - evaluation["top1_agreement"]
+    return 1.0 - evaluation["cosine_similarity"]
+
+
+def describe(metric: str) -> str:
+    return _NAMES[metric]
+
+
+@dataclass
+class BudgetStep:
+    """One try: ``kept_float`` kernels kept float (the lowest-SQNR ones), and the drop measured."""
+
+    kept_float: int
+    drop: float
+    nodes: list[str] = field(default_factory=list)
+
+
+def fewest(count: int, within: Callable[[int], bool]) -> int | None:
+    """The smallest ``k`` in ``[1, count]`` with ``within(k)``, by doubling then bisection (each ``k``
+    tried once); None when not even ``count`` is within."""
+    tried: dict[int, bool] = {}
+
+    def ok(k: int) -> bool:
+        if k not in tried:
+            tried[k] = within(k)
+        return tried[k]
+
+    bad, k = 0, 1
+    while k < count and not ok(k):
+        bad, k = k, 2 * k
+    k = min(k, count)
+    if count < 1 or not ok(k):
+        return None
+    good = k
+    while good - bad > 1:
+        middle = (good + bad) // 2
+        if ok(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def _float_variant(
+    quantized: onnx.ModelProto, floats: Mapping[str, onnx.TensorProto], kernel: str
+) -> onnx.ModelProto | None:
+    """``quantized`` with one kernel computing in float: its input read before its QuantizeLinear, its
+    weight and bias the float model's (the kernel's output keeps its quantization). None if the
+    kernel is not ``DequantizeLinear -> op`` on its input and weight."""
+    producer = {out: node for node in quantized.graph.node for out in node.output}
+    node = next((n for n in quantized.graph.node if n.name == kernel), None)
+    if node is None or len(node.input) < 2:
+        return None
+    dq = producer.get(node.input[0])
+    q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    if q is None or q.op_type != "QuantizeLinear" or any(n not in floats for n in node.input[1:3] if n):
+        return None
+    variant = onnx.ModelProto()
+    variant.CopyFrom(quantized)
+    target = next(n for n in variant.graph.node if n.name == kernel)
+    target.input[0] = q.input[0]
+    for index in (1, 2):
+        if index < len(target.input) and target.input[index]:
+            name = f"{target.input[index]}_requant_float"
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(floats[target.input[index]])
+            tensor.name = name
+            variant.graph.initializer.append(tensor)
+            target.input[index] = name
+    return variant
+
+
+def effect_ranking(
+    quantized: onnx.ModelProto,
+    float_model: onnx.ModelProto,
+    kernels: Sequence[str],
+    samples: Sequence[Mapping[str, np.ndarray]],
+    make_session: Callable[[onnx.ModelProto], Any],
+) -> list[tuple[str, float]]:
+    """Each kernel's measured effect: how much the first output's SQNR against the float model rises
+    (dB) on ``samples`` when that kernel alone computes in float, largest first. Kernels that cannot
+    be made float this way come last (effect -inf)."""
+    floats = {t.name: t for t in float_model.graph.initializer}
+    reference = make_session(float_model)
+    expected = [np.asarray(reference.run(None, dict(s))[0], np.float64) for s in samples]
+    signal = sum(float((e**2).sum()) for e in expected)
+
+    def sqnr(model: onnx.ModelProto) -> float:
+        run = make_session(model)
+        noise = sum(float(((np.asarray(run.run(None, dict(s))[0], np.float64) - e) ** 2).sum())
+                    for s, e in zip(samples, expected, strict=True))  # fmt: skip
+        return 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf
+
+    base = sqnr(quantized)
+    effects = []
+    for kernel in kernels:
+        variant = _float_variant(quantized, floats, kernel)
+        effects.append((kernel, sqnr(variant) - base if variant is not None else -math.inf))
+    return sorted(effects, key=lambda e: (-e[1], e[0]))

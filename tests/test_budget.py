@@ -1,0 +1,104 @@
+"""The accuracy budget (``max_drop``): the fewest most effective kernels kept float until the drop fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import requant
+from requant.errors import ArgumentError
+from requant.report.budget import choose_metric, drop, fewest
+from tests.test_quantize import run_cli
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+
+
+@pytest.mark.parametrize("needed", [1, 2, 3, 5, 8, 9, 13])
+def test_fewest_finds_the_smallest_k_trying_each_once(needed: int) -> None:
+    tried: list[int] = []
+
+    def within(k: int) -> bool:
+        tried.append(k)
+        return k >= needed
+
+    assert fewest(13, within) == needed
+    assert len(tried) == len(set(tried)) and len(tried) <= 2 * int(np.ceil(np.log2(13))) + 1
+
+
+def test_fewest_says_when_not_even_all_are_enough() -> None:
+    assert fewest(6, lambda k: False) is None and fewest(0, lambda k: True) is None
+
+
+def test_the_metric_and_its_drop() -> None:
+    evaluation = {"float_accuracy": 0.9, "int8_accuracy": 0.85, "top1_agreement": 0.93, "cosine_similarity": 0.99}
+    assert choose_metric(None, True) == "accuracy" and choose_metric(None, False) == "top1"
+    assert drop(evaluation, "accuracy") == pytest.approx(0.05) and drop(evaluation, "top1") == pytest.approx(0.07)
+    assert drop(evaluation, "cosine") == pytest.approx(0.01)
+
+
+def _agreement(path: Path, eval_x: np.ndarray) -> float:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    f = ort.InferenceSession(str(DIGITS / "digits_cnn.onnx"), options, providers=["CPUExecutionProvider"])
+    q = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = f.get_inputs()[0].name
+    same = [f.run(None, {name: x[None]})[0].argmax() == q.run(None, {name: x[None]})[0].argmax() for x in eval_x]
+    return float(np.mean(same))
+
+
+def test_a_budget_keeps_the_fewest_worst_kernels_float(tmp_path: Path) -> None:
+    """Full-range int8 weights (the VNNI target) on this CPU without VNNI: one digit in 450 changes;
+    with no disagreement allowed, the worst-measured kernel is kept float and the budget holds."""
+    out = tmp_path / "budget.onnx"
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", target="onnxruntime-cpu-vnni",
+                              eval_data=DIGITS / "eval.npz", max_drop=0.0, metric="top1", output=out,
+                              measure=False)  # fmt: skip
+    budget = result.report["accuracy_budget"]
+    assert budget["met"] and budget["first_drop"] > 0.0 and budget["final_drop"] == 0.0
+    kept = budget["kept_float"]
+    assert 1 <= len(kept) < budget["candidates"]
+    # the saturating first conv, found by its measured effect on the output (its local SQNR, computed
+    # on dequantized values, does not show the saturation)
+    assert kept[0]["node"] == "node_conv2d" and kept[0]["effect_db"] > 10
+    assert len(budget["tries"]) >= 2 and budget["tries"][0]["kept_float"] == 0
+    assert _agreement(out, np.load(DIGITS / "eval.npz")["x"]) == 1.0  # re-measured on the saved file
+    assert "accuracy budget: top-1 disagreement at most 0;" in result.report["summary"]
+
+
+def test_an_unreachable_budget_keeps_the_try_that_lost_least() -> None:
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz",
+                              max_drop=0.0, metric="cosine", measure=False)  # fmt: skip
+    budget = result.report["accuracy_budget"]
+    assert not budget["met"] and budget["final_drop"] == min(t["drop"] for t in budget["tries"])
+    assert "NOT MET" in result.report["summary"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_drop": 0.01}, "max_drop needs eval_data"),
+        ({"max_drop": 1.5, "eval_data": DIGITS / "eval.npz"}, "max_drop must be a number in"),
+        ({"max_drop": 0.01, "eval_data": DIGITS / "eval.npz", "keep_float_below": 30}, "not both"),
+        ({"max_drop": 0.01, "eval_data": DIGITS / "eval.npz", "metric": "f1"}, "metric must be one of"),
+        ({"metric": "top1"}, "give max_drop too"),
+        ({"max_drop": 0.01, "eval_data": {"x": np.zeros((2, 1, 8, 8), np.float32)}, "metric": "accuracy"}, "labels"),
+    ],
+)
+def test_budget_arguments_are_checked_before_any_work(options: dict, message: str) -> None:
+    with pytest.raises(ArgumentError, match=message):
+        requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False, **options)
+
+
+def test_the_cli_takes_a_budget(tmp_path: Path) -> None:
+    out = tmp_path / "b.onnx"
+    ran = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--calib", str(DIGITS / "calib.npz"),
+                  "--eval", str(DIGITS / "eval.npz"), "--max-drop", "0.01", "--no-measure")  # fmt: skip
+    assert ran.returncode == 0 and out.is_file()
+    assert "accuracy budget: accuracy drop at most 0.01;" in ran.stdout
+    refused = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(tmp_path / "c.onnx"), "--calib",
+                      str(DIGITS / "calib.npz"), "--max-drop", "0.01")  # fmt: skip
+    assert refused.returncode != 0 and "max_drop needs eval_data" in refused.stderr
+    assert not (tmp_path / "c.onnx").exists()
