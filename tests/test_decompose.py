@@ -90,7 +90,8 @@ def test_decomposed_ops_become_int8_kernels() -> None:
         "Mul 'node_1'", "Mul 'node_2', Add 'node_2_add'", "Add 'node_6'",
     ]  # fmt: skip
     lint = report["lint"]
-    assert lint["int8_kernels"] == {"QLinearConv": 2, "QLinearMul": 2, "QLinearAdd": 2}
+    # the Div by 2 became a Mul by 0.5, folded into the scale its reader takes; the batch norm's Mul stays
+    assert lint["int8_kernels"] == {"QLinearConv": 2, "QLinearMul": 1, "QLinearAdd": 2}
     assert lint["float_between_dequantize_and_quantize"] == ["Div 'node_5'"]  # two activations: no kernel
     float_y = outputs(load_onnx_text(MODEL), x)[0]
     (int8_y, _) = outputs(result.model, x)
@@ -184,3 +185,82 @@ def test_the_padded_stem_runs_int8_exactly_with_the_pad_on_the_integers() -> Non
     step = float(scales["Y_scale"])
     assert np.abs(fused - reference).max() <= step * 1.001  # int32 sums against float ones: a rounding tie at most
     assert np.mean(fused == reference) > 0.99
+
+
+HARD = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N,4,6,6] X) => (float[N,4,6,6] Y) {
+    W = Constant <value = float[4,4,1,1] {1.0, -0.5, 0.25, 2.0, 0.5, 1.0, -1.0, 0.3, 0.2, 0.1, 1.5, -0.4, 0.7, -0.2, 0.6, 1.1}> ()
+    c = Conv(X, W)
+    h = HardSwish(c)
+    d = Conv(h, W)
+    s = HardSigmoid <alpha = 0.2, beta = 0.4> (d)
+    m = Mul(h, s)
+    Y = Conv(m, W)
+}
+"""
+
+
+def test_hard_swish_and_hard_sigmoid_become_int8_add_clip_mul() -> None:
+    """No int8 kernel for either: as Add -> Clip -> Mul (-> Mul) they run as QLinearAdd (the Clip in its
+    output range) and, for HardSwish, a QLinearMul (the Mul by alpha folds into a scale): nothing left
+    float between conversions."""
+    x = np.random.default_rng(2).uniform(-3.0, 3.0, (32, 4, 6, 6)).astype(np.float32)
+    proto = onnx.parser.parse_model(HARD)
+    float_model = load_onnx_text(HARD)
+    decomposed = prepared_hard = run_passes(load_onnx_text(HARD), get_passes("canonicalize"))[0]
+    Quantizer().set_global(PRESETS[DEFAULT_PRESET]).decompose(decomposed)
+    assert [n.op_type for n in prepared_hard.graph] == [
+        "Conv", "Add", "Clip", "Mul", "Mul", "Conv", "Add", "Clip", "Mul", "Mul", "Conv",
+    ]  # fmt: skip
+    np.testing.assert_allclose(outputs(decomposed, x)[0], outputs(float_model, x)[0], rtol=1e-5, atol=1e-5)
+    result = requant.api.quantize(proto, {"X": x}, measure=False)
+    lint = result.report["lint"]
+    # the Muls by alpha fold into scales: the two Muls of two activations remain
+    assert lint["int8_kernels"] == {"QLinearConv": 3, "QLinearAdd": 2, "QLinearMul": 2}
+    assert lint["float_between_dequantize_and_quantize"] == []
+    reasons = {d["node"]: d["why"] for d in result.report["quantizers"]["decomposed"]}
+    assert any("no int8 HardSwish kernel" in why for why in reasons.values())
+    float_y = outputs(float_model, x)[0]
+    (int8_y,) = outputs(result.model, x)
+    scales = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
+    # ten requantizations of at most half a step each on the way, carried to Y: a few output steps
+    # (measured: 2.5 at most, 0.4 on average)
+    assert np.abs(int8_y - float_y).max() <= 5 * float(scales["Y_scale"])
+    assert np.abs(int8_y - float_y).mean() <= 0.6 * float(scales["Y_scale"])
+
+
+def test_hard_activations_stay_as_they_are_where_nothing_is_quantized() -> None:
+    model = run_passes(load_onnx_text(HARD), get_passes("canonicalize"))[0]
+    done, _ = Quantizer().set_global(PRESETS["INT4_BLOCKWISE_WEIGHTS"]).decompose(model)
+    assert done == [] and [n.op_type for n in model.graph].count("HardSwish") == 1
+
+
+MEANS = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[N,4,6,6] X) => (float[N,4,6,6] Y, float[N,1,6,6] Z) {
+    W = Constant <value = float[4,4,1,1] {1.0, -0.5, 0.25, 2.0, 0.5, 1.0, -1.0, 0.3, 0.2, 0.1, 1.5, -0.4, 0.7, -0.2, 0.6, 1.1}> ()
+    c = Conv(X, W)
+    hw = Constant <value = int64[2] {2, 3}> ()
+    p = ReduceMean(c, hw)
+    s = Sigmoid(p)
+    Y = Mul(c, s)
+    ch = Constant <value = int64[1] {1}> ()
+    Z = ReduceMean(c, ch)
+}
+"""
+
+
+def test_a_spatial_mean_becomes_an_int8_global_average_pool() -> None:
+    x = np.random.default_rng(3).uniform(-1.0, 1.0, (16, 4, 6, 6)).astype(np.float32)
+    result = requant.api.quantize(onnx.parser.parse_model(MEANS), {"X": x}, measure=False)
+    report = result.report
+    assert [d["into"] for d in report["quantizers"]["decomposed"]] == ["GlobalAveragePool 'node_1'"]
+    kept = {d["node"]: d["reason"] for d in report["quantizers"]["not_decomposed"]}
+    assert kept == {
+        "ReduceMean 'node_4'": "not decomposed into GlobalAveragePool: it averages over axes [1], not the two spatial ones"
+    }
+    assert report["lint"]["int8_kernels"]["QLinearGlobalAveragePool"] == 1
+    float_y = outputs(load_onnx_text(MEANS), x)[0]
+    int8_y = outputs(result.model, x)[0]
+    assert np.abs(int8_y - float_y).max() < 0.05 * np.abs(float_y).max()

@@ -57,18 +57,15 @@ def _ops(printed: str) -> list[str]:
     ]
 
 
+# x quantized, one Mul, its output quantized, then the Sigmoid: what is left when the op between goes
+ONE_MUL_THEN_SIGMOID = ["QuantizeLinear", "DequantizeLinear", "Mul", "QuantizeLinear", "DequantizeLinear", "Sigmoid"]
+
+
 def test_a_relu_ending_a_kernel_goes_when_its_quantizelinear_clamps_the_same() -> None:
     """Q(relu(x)) == Q(x) when the zero point is the lowest stored value: the Relu goes (exact)."""
     text = "g (float[N,4] x) => (float[N,4] y) { t = Mul(x, x) r = Relu(t) y = Sigmoid(r) }"
     dropped = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.25>"})
-    assert _ops(dropped) == [
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "Mul",
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "Sigmoid",
-    ]
+    assert _ops(dropped) == ONE_MUL_THEN_SIGMOID
     kept = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.25:1>"})
     assert "Relu" in _ops(kept)  # zero point 1: -0.25 is representable, the Relu clamps it
 
@@ -82,3 +79,15 @@ def test_a_clip_goes_only_when_the_quantized_range_ends_at_its_bounds() -> None:
     assert "Clip" not in _ops(six)  # 255 steps of 6/255: the top stored value is 6
     eight = _qdq(text, {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.0313725509>"})
     assert "Clip" in _ops(eight)  # values in (6, 8] are representable: the Clip changes them
+
+
+def test_a_mul_by_a_positive_constant_folds_into_the_scale_its_readers_take() -> None:
+    """DQ(q; s) -> Mul(c) -> Q -> DQ is DQ(q; c s): the product exactly, no QLinearMul, no second rounding."""
+    text = "g (float[N,4] x) => (float[N,4] y) <float half = {0.5}> { t = Mul(x, x) m = Mul(t, half) y = Sigmoid(m) }"
+    types = {"x": "!quant.uniform<u8:f32, 0.5:128>", "t": "!quant.uniform<u8:f32, 0.25>",
+             "m": "!quant.uniform<u8:f32, 0.1>"}  # fmt: skip
+    printed = _qdq(text, types)
+    assert _ops(printed) == ONE_MUL_THEN_SIGMOID
+    assert "initializer dense<0.125>" in printed  # 0.25 x 0.5, read from t's integers
+    kept = _qdq(text.replace("{0.5}", "{-0.5}"), types)  # a negative factor would flip the zero point's side
+    assert _ops(kept).count("Mul") == 2

@@ -70,6 +70,21 @@ def prepare(
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
     ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
     """
+    model, report, _ = _prepare(source, quantizer, target, strict, None, **load_options)
+    return model, report
+
+
+def _prepare(
+    source: Any,
+    quantizer: Quantizer | None,
+    target: str,
+    strict: bool,
+    keep_float: bool | None,
+    **load_options: Any,
+) -> tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None]:
+    """``prepare``; with ``keep_float`` not None, also the float model as canonicalized, before the
+    quantizers annotate it and the target's decompositions rewrite it (the reference for latency and
+    evaluation: a decomposed HardSwish runs slower in float), serialized if ``keep_float``, and its size."""
     chosen = get_target(target)
     if isinstance(source, ir.Model):
         source = source.clone()
@@ -85,6 +100,12 @@ def prepare(
     half = sorted({str(v.dtype) for v in iter_values(model.graph) if v.dtype in HALF})
     if half:  # ONNX Runtime's CPU int8 kernels (every target so far) take float32 scales and activations
         model, _ = run_passes(model, get_passes("compute-in-float32"))
+    float_info = None
+    if keep_float is not None:
+        # the float model serialized only where a float session needs it (held through calibration,
+        # it was MiniLM's largest allocation); otherwise just its size
+        proto = ir.serde.serialize_model(model) if keep_float else None
+        float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
     quantizer = quantizer or Quantizer(chosen.table).set_global_by_model()
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
     if half:
@@ -93,7 +114,7 @@ def prepare(
             f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
             f"activations: its inputs and outputs keep their {kind} types, through Casts)"
         )
-    return model, report
+    return model, report, float_info
 
 
 def convert(
@@ -170,12 +191,10 @@ def _run(
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
 ) -> _Run:
     """``float_info``: the float model (or None) and its size from an earlier run of the same model."""
-    prepared, quantizer_report = prepare(model, quantizer, target.name, strict, **load_options)
-    if float_info is None:
-        # the float model serialized only where a float session needs it (held through calibration,
-        # it was MiniLM's largest allocation); otherwise just its size
-        proto = ir.serde.serialize_model(prepared) if keep_float_proto else None
-        float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(prepared))
+    keep = keep_float_proto if float_info is None else None
+    prepared, quantizer_report, measured = _prepare(model, quantizer, target.name, strict, keep, **load_options)
+    float_info = float_info or measured
+    assert float_info is not None
     float_proto, float_size = float_info
     chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
     kernel_data = data if measure_kernels else None

@@ -282,14 +282,77 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
 def finish_qdq(model: ir.Model) -> None:
     """The rewrites that keep ONNX Runtime's int8 fusions whole, after the QDQ graph is final (bias
     correction measures on the graph as written: its float references read the clamped values):
-    clamps their QuantizeLinear makes redundant go, and 3-d int8 MatMuls keep their bias Add apart.
-    The same numbers either way."""
+    clamps their QuantizeLinear makes redundant go, 3-d int8 MatMuls keep their bias Add apart, and
+    Muls by a positive constant between conversions fold into a scale. The same numbers, or closer
+    to float (a folded Mul's product is not rounded again)."""
     graph = model.graph
     for node in [n for n in graph if is_op(n, "Relu") or is_op(n, "Clip")]:
         _drop_clamp(node)
     builder = _Builder(graph)
     for node in [n for n in graph if is_op(n, "MatMul")]:
         _keep_matmul_apart(builder, node)
+    for node in [n for n in graph if is_op(n, "Mul")]:
+        _fold_scalar_mul(builder, node)
+
+
+def _constant_number(value: ir.Value) -> npt.NDArray[Any] | None:
+    """A constant's value, or a dequantized constant's (``DequantizeLinear`` of an initializer)."""
+    data = constant(value)
+    reader = value.producer()
+    if data is not None or reader is None or not is_op(reader, "DequantizeLinear"):
+        return data
+    stored = constant(reader.inputs[0])
+    scale = constant(reader.inputs[1]) if len(reader.inputs) > 1 else None
+    zero = constant(reader.inputs[2]) if len(reader.inputs) > 2 else None
+    if stored is None or scale is None or stored.size != 1:
+        return None
+    offset = np.asarray(zero, np.float64) if zero is not None else 0.0
+    return (np.asarray(stored, np.float64) - offset) * np.asarray(scale, np.float64)
+
+
+def _fold_scalar_mul(builder: _Builder, mul: ir.Node) -> None:
+    """``DequantizeLinear(q; s, z) -> Mul(c) -> QuantizeLinear -> DequantizeLinear`` with ``c > 0`` one
+    number becomes ``DequantizeLinear(q; c s, z)``: the product, exactly, read from the same integers.
+
+    A QLinearMul saved (a decomposed HardSwish's or HardSigmoid's 1/6), and one rounding less; the
+    readers' fused kernels take the scale ``c s``. Left alone when the product is read in float or is
+    a graph output."""
+    inputs = [v for v in mul.inputs if v is not None]
+    if len(inputs) != 2 or mul.outputs[0].is_graph_output():
+        return
+    for source, other in (inputs, inputs[::-1]):
+        dq = source.producer()
+        factor = _constant_number(other)
+        if dq is None or not is_op(dq, "DequantizeLinear") or factor is None or factor.size != 1:
+            continue
+        c = float(factor.reshape(-1)[0])
+        scale = constant(dq.inputs[1]) if len(dq.inputs) > 1 else None
+        if not (np.isfinite(c) and c > 0) or scale is None or dq.inputs[0] is None:
+            continue
+        uses = list(mul.outputs[0].uses())
+        q = uses[0].node if len(uses) == 1 else None
+        if q is None or not is_op(q, "QuantizeLinear") or q.outputs[0].is_graph_output():
+            continue
+        readers = [u.node for u in q.outputs[0].uses()]
+        if not readers or not all(is_op(r, "DequantizeLinear") for r in readers):
+            continue
+        attributes = {a.name: a.value for a in dq.attributes.values()}
+        if any(r.attributes.get("axis") is not None for r in readers) or attributes.get("axis") is not None:
+            continue  # per tensor only: the readers' axis would have to follow
+        base = f"{dq.inputs[1].name if dq.inputs[1] is not None else 'scale'}_times_{mul.name or 'mul'}"
+        folded = builder.initializer(base, (np.asarray(scale, np.float64) * c).astype(scale.dtype))
+        for reader in readers:
+            reader.replace_input_with(0, dq.inputs[0])
+            reader.replace_input_with(1, folded)
+            if len(dq.inputs) > 2 and dq.inputs[2] is not None:
+                if len(reader.inputs) < 3:
+                    reader.resize_inputs(3)
+                reader.replace_input_with(2, dq.inputs[2])
+        graph = builder.graph
+        graph.remove([q, mul], safe=True)
+        if not dq.outputs[0].uses() and not dq.outputs[0].is_graph_output():
+            graph.remove(dq, safe=True)
+        return
 
 
 def _keep_matmul_apart(builder: _Builder, matmul: ir.Node) -> None:
@@ -382,7 +445,11 @@ def _drop_clamp(node: ir.Node) -> None:
         use.node.metadata_props[QUANTIZES_KEY] = str(out.name)  # what it stands for (requant compare reads it)
     graph = node.graph
     assert isinstance(graph, ir.Graph)
+    bounds_values = [v for v in node.inputs[1:] if v is not None]
     graph.remove(node, safe=True)
+    for value in bounds_values:  # a Clip's bounds, if nothing else reads them
+        if not value.uses() and value.is_initializer() and not value.is_graph_input() and not value.is_graph_output():
+            del graph.initializers[str(value.name)]
 
 
 def _pad_integers(pad: ir.Node) -> None:

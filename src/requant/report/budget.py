@@ -114,6 +114,12 @@ def _float_variant(
     q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if q is None or q.op_type != "QuantizeLinear" or any(n not in floats for n in node.input[1:3] if n):
         return None
+    stored = {t.name: t for t in quantized.graph.initializer}
+    for name in (n for n in node.input[1:3] if n):  # the float model's weight must be the one quantized
+        reader = producer.get(name)
+        source = stored.get(reader.input[0]) if reader is not None and reader.op_type == "DequantizeLinear" else None
+        if source is None or list(source.dims) != list(floats[name].dims):
+            return None  # a weight a decomposition reshaped (zero channels for a padded input)
     variant = onnx.ModelProto()
     variant.CopyFrom(quantized)
     target = next(n for n in variant.graph.node if n.name == kernel)

@@ -18,7 +18,15 @@ from requant.ir.annotations import element_name
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
-from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, PAD_CONV_CHANNELS, SUB_TO_ADD
+from requant.targets.decompose import (
+    BATCHNORM_TO_MUL_ADD,
+    DIV_TO_MUL,
+    HARD_SIGMOID,
+    HARD_SWISH,
+    PAD_CONV_CHANNELS,
+    SPATIAL_MEAN,
+    SUB_TO_ADD,
+)
 from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict
 from requant.types import FLOAT_FORMATS
 
@@ -219,5 +227,5 @@ ONNXRUNTIME_CPU = SupportTable(
     "ONNXRUNTIME_CPU_SUPPORT",
     _patterns(),
     _weight_rule,
-    (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS),
+    (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS, HARD_SIGMOID, HARD_SWISH, SPATIAL_MEAN),
 )
