@@ -9,6 +9,8 @@ build:
 	mkdir -p build
 
 $(STAMP): pyproject.toml requirements/models.txt | build
+	# Debian's Chromium renders the HTML report in its test (headless); apt needs root, as CI runs
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'

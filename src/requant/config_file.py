@@ -13,6 +13,7 @@ preset = "imagenet"                   # or: resize, crop, mean, std, scale, layo
 [report]
 json = "report.json"
 markdown = "report.md"
+html = "report.html"                  # one page with plots (needs matplotlib: requant[html])
 
 [configs.W8_ONLY]                     # a named config: a preset to start from, then ports
 base = "INT8_PER_CHANNEL_WEIGHTS"
@@ -81,6 +82,7 @@ class RunSettings:
     images: ImagePreprocessing | None = None
     report_json: str | None = None
     report_markdown: str | None = None
+    report_html: str | None = None
     configs: dict[str, QuantizationConfig] = field(default_factory=dict)
     overrides: list[tuple[str, Any, QuantizationConfig | None]] = field(default_factory=list)
     module_params: dict[str, QuantParams] = field(default_factory=dict)
@@ -238,11 +240,13 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         except (RequantError, TypeError) as exc:
             raise ConfigFileError(str(exc)) from None
     report = _typed(data.get("report", {}), Mapping, f"{where}: report", "a table")
-    _check_keys(report, ("json", "markdown"), f"{where}: report")
+    _check_keys(report, ("json", "markdown", "html"), f"{where}: report")
     if "json" in report:
         settings.report_json = _path(report["json"], base, f"{where}: report.json")
     if "markdown" in report:
         settings.report_markdown = _path(report["markdown"], base, f"{where}: report.markdown")
+    if "html" in report:
+        settings.report_html = _path(report["html"], base, f"{where}: report.html")
     configs = _typed(data.get("configs", {}), Mapping, f"{where}: configs", "a table of named configs")
     for name, table in configs.items():
         settings.configs[name] = _config(name, table, f"{where}: configs.{name}")

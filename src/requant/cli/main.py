@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from requant.cli import compare_cmd, lint_cmd, opt_cmd, quantize_cmd, type_cmd
+from requant.cli import compare_cmd, lint_cmd, opt_cmd, quantize_cmd, report_cmd, type_cmd
 from requant.errors import RequantError
 
 __all__ = ["main"]
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     quantize_cmd.register(commands)
     lint_cmd.register(commands)
     compare_cmd.register(commands)
+    report_cmd.register(commands)
     return parser
 
 

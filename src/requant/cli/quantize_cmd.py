@@ -85,6 +85,9 @@ def register(commands: Any) -> None:
     )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
+    sub.add_argument(
+        "--report-html", metavar="FILE", help="write the report as one self-contained HTML page with plots"
+    )
     sub.set_defaults(run=run)
 
 
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, key in (
         ("output", "output"), ("calib", "calib"), ("eval", "eval"), ("target", "target"), ("method", "method"),
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
+        ("report_html", "report_html"),
         ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"), ("max_drop", "max_drop"),
         ("metric", "metric"),
     ):  # fmt: skip
@@ -142,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(settings, key) is None:
             raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
     check_outputs(  # before any work: a refused run writes nothing
-        {"-o": settings.output, "--report-json": settings.report_json, "--report-md": settings.report_markdown},
+        {"-o": settings.output, "--report-json": settings.report_json, "--report-md": settings.report_markdown,
+         "--report-html": settings.report_html},
         {"the input model": args.input, "the calibration data": settings.calib, "the evaluation data": settings.eval,
          "the config file": args.config},
     )  # fmt: skip
@@ -165,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         texts[settings.report_json] = json.dumps(result.report, indent=2, sort_keys=True, default=str) + "\n"
     if settings.report_markdown:
         texts[settings.report_markdown] = to_markdown(result.report)
+    if settings.report_html:
+        from requant.report.html import to_html
+
+        texts[settings.report_html] = to_html(result.report)
     assert settings.output is not None
     _write_all(result.model, settings.output, texts)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")

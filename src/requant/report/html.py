@@ -1,0 +1,266 @@
+"""A report as one self-contained HTML page with plots (``--report-html``, ``requant report``).
+
+The page needs no network to be viewed: styles inline, every chart an inline SVG drawn by
+matplotlib (the ``html`` extra). Sections appear for what the report has: the summary; each int8
+kernel's SQNR against float; the weights' SQNR as the type rounds them and as stored (the encoding);
+each quantized activation's chosen range; the accuracy budget's tries; latency and size; lint; the
+quantizers' decisions and rejections. The same report gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from requant.errors import RequantError
+
+__all__ = ["HtmlReportError", "to_html"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+td, th { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } figcaption { font-size: 0.85em; color: #555; }
+svg { max-width: 100%; height: auto; }
+"""
+
+
+class HtmlReportError(RequantError):
+    """The page cannot be drawn (matplotlib missing, or a report without what a page needs)."""
+
+
+@contextmanager
+def _pyplot() -> Iterator[Any]:
+    try:
+        import matplotlib
+    except ImportError:
+        raise HtmlReportError(
+            "the HTML report draws its charts with matplotlib: pip install 'requant[html]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    # the same report gives the same bytes: fixed ids, text as text, no date
+    with matplotlib.rc_context({"svg.hashsalt": "requant", "svg.fonttype": "none", "font.size": 9}):
+        yield plt
+
+
+def _svg(draw: Callable[[Any], None], height: float) -> str:
+    with _pyplot() as plt:
+        figure, axes = plt.subplots(figsize=(9, height))
+        draw(axes)
+        figure.tight_layout()
+        buffer = io.StringIO()
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+        plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]  # inline: no XML prolog or doctype
+
+
+def _bars(names: Sequence[str], values: Sequence[float], xlabel: str, threshold: float | None = None) -> str:
+    """A horizontal bar per name (first at the top); bars below ``threshold`` in red."""
+
+    def draw(axes: Any) -> None:
+        positions = range(len(names))
+        colours = ["#c0392b" if threshold is not None and v < threshold else "#2e86c1" for v in values]
+        axes.barh(list(positions), list(values), color=colours)
+        axes.set_yticks(list(positions), list(names))
+        axes.invert_yaxis()
+        axes.set_xlabel(xlabel)
+        if threshold is not None:
+            axes.axvline(threshold, color="#888", linestyle="--", linewidth=0.8)
+        axes.grid(axis="x", alpha=0.3)
+
+    return _svg(draw, max(1.6, 0.22 * len(names) + 0.8))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f'<td class="num">{value:.4g}</td>'
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f'<td class="num">{value}</td>'
+        return f"<td>{html.escape(str(value))}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+def _kernels(report: Mapping[str, Any]) -> list[str]:
+    kernels = report.get("bias_correction", {}).get("kernels") or []
+    if not kernels:
+        return []
+    names = [k["node"] for k in kernels]
+    values = [float(k["sqnr_db"]) for k in kernels]
+    worst = sorted(kernels, key=lambda k: k["sqnr_db"])[:10]
+    return [
+        "<h2>Kernels against float</h2>",
+        _figure(
+            _bars(names, values, "output SQNR against the float kernel (dB)", threshold=30.0),
+            "Each int8 convolution and Gemm beside its float version on the same inputs (calibration samples); "
+            "red: below 30 dB.",
+        ),
+        _table(
+            ["kernel", "SQNR dB", "mean shift", "largest shift"],
+            [[k["node"], k["sqnr_db"], k["mean_shift"], k["max_shift"]] for k in worst],
+        ),
+    ]
+
+
+def _weights(report: Mapping[str, Any]) -> list[str]:
+    encodings = report.get("weight_encoding", {}).get("kernels") or []
+    if not encodings:
+        return []
+
+    def draw(axes: Any) -> None:
+        positions = list(range(len(encodings)))
+        axes.barh([p - 0.2 for p in positions], [e["sqnr_db"] for e in encodings], height=0.4,
+                  label="as the type rounds them", color="#95a5a6")  # fmt: skip
+        axes.barh([p + 0.2 for p in positions], [e["encoded_sqnr_db"] for e in encodings], height=0.4,
+                  label="as stored (the encoding)", color="#2e86c1")  # fmt: skip
+        axes.set_yticks(positions, [f"{e['node']} ({e['weight']})" for e in encodings])
+        axes.invert_yaxis()
+        axes.set_xlabel("weight SQNR (dB)")
+        axes.legend(loc="lower right")
+        axes.grid(axis="x", alpha=0.3)
+
+    rows = [[e["node"], e["weight"], e["encoding"], e["margin"], e["rescaled"], e["why"]] for e in encodings]
+    return [
+        "<h2>Weights</h2>",
+        _figure(
+            _svg(draw, max(1.6, 0.3 * len(encodings) + 0.8)),
+            f"The int8 weights of each kernel; exact on: {report['weight_encoding'].get('exact_on', '')}.",
+        ),
+        _table(["kernel", "weight", "encoding", "margin", "rescaled channels", "why"], rows),
+    ]
+
+
+def _ranges(report: Mapping[str, Any]) -> list[str]:
+    from requant.types import UniformQuantizedType, parse_type
+
+    found = []
+    for entry in report.get("calibrated", []):
+        if entry.get("kind") != "activation":
+            continue
+        try:
+            t = parse_type(entry["type"])
+        except RequantError:
+            continue
+        if isinstance(t, UniformQuantizedType):
+            low = (t.storage_min - t.zero_point) * t.scale
+            high = (t.storage_max - t.zero_point) * t.scale
+            found.append((entry["value"], low, high, entry.get("observer", "")))
+    if not found:
+        return []
+
+    def draw(axes: Any) -> None:
+        positions = list(range(len(found)))
+        axes.barh(positions, [h - lo for _, lo, h, _ in found], left=[lo for _, lo, _, _ in found], color="#27ae60")
+        axes.set_yticks(positions, [name for name, *_ in found])
+        axes.invert_yaxis()
+        axes.axvline(0.0, color="#888", linewidth=0.8)
+        axes.set_xlabel("the range each activation's type can hold")
+        axes.grid(axis="x", alpha=0.3)
+
+    return [
+        "<h2>Activation ranges</h2>",
+        _figure(
+            _svg(draw, max(1.6, 0.22 * len(found) + 0.8)),
+            "The range each quantized activation's type holds, as its observer chose it.",
+        ),
+    ]
+
+
+def _budget(report: Mapping[str, Any]) -> list[str]:
+    budget = report.get("accuracy_budget")
+    if not budget:
+        return []
+    tries = sorted(budget["tries"], key=lambda t: t["kept_float"])
+
+    def draw(axes: Any) -> None:
+        axes.plot([t["kept_float"] for t in tries], [t["drop"] for t in tries], marker="o", color="#2e86c1")
+        axes.axhline(budget["max_drop"], color="#c0392b", linestyle="--", linewidth=0.8, label="budget")
+        axes.set_xlabel("kernels kept float (most effective first)")
+        axes.set_ylabel(budget["measures"])
+        axes.legend()
+        axes.grid(alpha=0.3)
+
+    kept = [[k["node"], "" if k["effect_db"] is None else k["effect_db"], k["sqnr_db"]] for k in budget["kept_float"]]
+    return [
+        "<h2>Accuracy budget</h2>",
+        _figure(_svg(draw, 2.6), f"Each try; {'met' if budget['met'] else 'NOT met'}: {budget['final_drop']:.4f}."),
+        _table(["kept float", "effect dB", "local SQNR dB"], kept),
+    ]
+
+
+def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
+    latency, size = report.get("latency_ms_batch1"), report.get("size_bytes")
+    parts = ["<h2>Latency and size</h2>"]
+    if latency:
+        names = ["float", "int8"]
+        values = [latency["float"], latency["quantized"]]
+        parts.append(_figure(_bars(names, values, "ms per run, batch 1"), "Measured interleaved in one process."))
+    if size:
+        parts.append(_table(["model", "bytes"], [["float", size["float"]], ["int8", size["quantized"]]]))
+    return parts if len(parts) > 1 else []
+
+
+def _lint(report: Mapping[str, Any]) -> list[str]:
+    lint = report.get("lint")
+    if not lint:
+        return []
+    rows = [["int8 kernels", ", ".join(f"{k} x{v}" for k, v in sorted(lint.get("int8_kernels", {}).items()))]]
+    for key, label in (
+        ("float_between_dequantize_and_quantize", "stayed float between conversions"),
+        ("asked_to_be_quantized_but_float", "asked to be quantized, runs in float"),
+        ("kept_float_by_decision", "kept float by decision"),
+        ("leftover_quantize_dequantize_pairs", "conversions with nothing fused"),
+    ):
+        if lint.get(key):
+            rows.append([label, "; ".join(map(str, lint[key]))])
+    saturating = lint.get("saturation", {}).get("can_saturate") or []
+    rows.append(["can saturate without VNNI", ", ".join(f["node"] for f in saturating) or "none"])
+    return ["<h2>What ONNX Runtime runs (lint)</h2>", _table(["", ""], rows)]
+
+
+def _decisions(report: Mapping[str, Any]) -> list[str]:
+    quantizers = report.get("quantizers", {})
+    rows = []
+    for record in quantizers.get("quantizers", []):
+        for d in record.get("decisions", []):
+            rows.append([", ".join(d["nodes"]), d["pattern"], d["status"], d.get("reason", "")])
+    decomposed = [[d["node"], d["into"], d.get("why", "")] for d in quantizers.get("decomposed", [])]
+    parts = ["<h2>Decisions</h2>"]
+    if decomposed:
+        parts.append(_table(["node", "rewritten into", "why"], decomposed))
+    if rows:
+        rejected = sum(1 for r in rows if r[2] != "accepted")
+        parts.append(f"<details><summary>{len(rows)} decisions ({rejected} not accepted)</summary>")
+        parts.append(_table(["nodes", "pattern", "status", "reason"], rows) + "</details>")
+    return parts if len(parts) > 1 else []
+
+
+def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
+    """The page for ``report`` (``requant.quantize``'s, or its JSON read back)."""
+    if not isinstance(report, Mapping) or "summary" not in report:
+        raise HtmlReportError("not a requant report: it has no 'summary' (write one with --report-json)")
+    body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
+    for section in (_kernels, _weights, _ranges, _budget, _speed_and_size, _lint, _decisions):
+        body += section(report)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )

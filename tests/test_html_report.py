@@ -1,0 +1,92 @@
+"""The HTML report: one self-contained page with plots, rendered by a real browser (Debian's Chromium,
+headless; `make setup` installs it)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import requant
+from requant.report.html import HtmlReportError, to_html
+from tests.test_quantize import run_cli
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+CHROMIUM = shutil.which("chromium")
+# as root on a machine with no network: no sandbox, and no background connections to refuse
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz",
+                              target="onnxruntime-cpu-vnni", max_drop=0.0, metric="top1")  # fmt: skip
+    return json.loads(json.dumps(result.report, default=str))  # as --report-json writes it
+
+
+def test_the_page_is_self_contained_and_the_same_every_time(report: dict) -> None:
+    page = to_html(report)
+    assert page == to_html(report)  # the same bytes
+    assert page.count("<svg") == 5  # kernels, weights, activation ranges, budget, latency: inline SVG
+    for section in ("Kernels against float", "Weights", "Activation ranges", "Accuracy budget", "Latency and size",
+                    "What ONNX Runtime runs (lint)", "Decisions"):  # fmt: skip
+        assert f"<h2>{section}</h2>" in page
+    # nothing to fetch: no script, stylesheet or image from elsewhere (the SVGs' XML namespaces are names)
+    assert not re.findall(r'(?:src|href)\s*=\s*"(?:https?:)?//|url\(\s*["\']?(?:https?:)?//|<script|<link', page)
+    assert "node_conv2d" in page and "QGemm x1" in page
+
+
+def test_a_report_without_a_summary_is_refused() -> None:
+    with pytest.raises(HtmlReportError, match="not a requant report"):
+        to_html({"lint": {}})
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
+def test_chromium_renders_the_page_with_its_charts(report: dict, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(to_html(report), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as profile:
+        common = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+        shot = subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={tmp_path / 'page.png'}",
+                               page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+        dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0 and dom.returncode == 0, shot.stderr[-2000:]
+    assert _png_size(tmp_path / "page.png") == (1200, 2400)
+    assert (tmp_path / "page.png").stat().st_size > 50_000  # charts and tables drawn, not a blank page
+    console = [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line]
+    assert console == []  # no script errors, nothing failed to load
+    assert dom.stdout.count("<svg") == 5 and "Accuracy budget" in dom.stdout  # the browser's DOM has the charts
+
+
+def test_the_cli_writes_the_page_from_a_saved_report(report: dict, tmp_path: Path) -> None:
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    done = subprocess.run([sys.executable, "-m", "requant", "report", str(saved), "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and (tmp_path / "r.html").read_text().count("<svg") == 5
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    refused = subprocess.run([sys.executable, "-m", "requant", "report", str(bad), "-o", str(tmp_path / "b.html")],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode == 1 and "is not a JSON report" in refused.stderr and not (tmp_path / "b.html").exists()
+
+
+def test_quantize_writes_the_page_with_the_model(tmp_path: Path) -> None:
+    out, page = tmp_path / "d.onnx", tmp_path / "d.html"
+    ran = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--calib", str(DIGITS / "calib.npz"),
+                  "--report-html", str(page), "--no-measure")  # fmt: skip
+    assert ran.returncode == 0 and out.is_file() and page.read_text().count("<svg") >= 3
