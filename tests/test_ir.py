@@ -164,3 +164,15 @@ def test_declared_postconditions_hold_on_canonicalize() -> None:
     declared = {p.name for p in passes if type(p).ensures is not ir.passes.InPlacePass.ensures}
     assert {"constants-to-initializers", "remove-identity", "dequantize-per-consumer", "unique-names"} <= declared
     run_passes(load_onnx_text(MODEL), passes)
+
+
+def test_an_annotation_error_cuts_a_long_type_and_says_how_long_it_was() -> None:
+    from requant.ir.annotations import AnnotationError, check_annotation
+    from requant.types import UniformQuantizedPerAxisType
+
+    value = ir.Value(name="w", shape=ir.Shape([4, 3]), type=ir.TensorType(ir.DataType.FLOAT))
+    many = UniformQuantizedPerAxisType("i8", "f32", 0, list(np.linspace(0.001, 0.002, 500)), [0] * 500)
+    with pytest.raises(AnnotationError) as raised:
+        check_annotation(value, many)
+    message = str(raised.value)
+    assert len(message) < 400 and "characters)" in message and "the type has 500 scales" in message

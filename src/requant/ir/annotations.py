@@ -95,6 +95,13 @@ def tensor_type_of(value: ir.Value, element: QuantizedType | str | None = None) 
     return TensorType(element, dims, "ranked")
 
 
+def _short(t: QuantizedType, limit: int = 160) -> str:
+    """A type's text for a message: whole, or cut with how much was left out (a per-channel type
+    repeats every scale: tens of kilobytes for a large weight)."""
+    text = str(t)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
 def check_annotation(value: ir.Value, t: QuantizedType) -> None:
     """Raise :class:`AnnotationError` unless ``t`` can describe ``value``.
 
@@ -107,15 +114,15 @@ def check_annotation(value: ir.Value, t: QuantizedType) -> None:
     if dtype in FLOAT_FORMATS:
         expressed = t.expressed  # type: ignore[attr-defined]  # every quantized type has one (Any: maybe None)
         if expressed is not None and expressed != dtype:
-            raise AnnotationError(f"{where} is {dtype} but its annotation {t} expresses {expressed}")
+            raise AnnotationError(f"{where} is {dtype} but its annotation {_short(t)} expresses {expressed}")
     elif dtype is not None:
         storage = getattr(t, "storage", None)
         if storage != dtype:
-            raise AnnotationError(f"{where} holds {dtype} values but its annotation {t} does not store {dtype}")
+            raise AnnotationError(f"{where} holds {dtype} values but its annotation {_short(t)} does not store {dtype}")
     try:
         verify_container(tensor_type_of(value, t))
     except QuantTypeError as exc:
-        raise AnnotationError(f"{where} of type {tensor_type_of(value)}: annotation {t}: {exc}") from None
+        raise AnnotationError(f"{where} of type {tensor_type_of(value)}: annotation {_short(t)}: {exc}") from None
 
 
 def quant_type(value: ir.Value) -> QuantizedType | None:
