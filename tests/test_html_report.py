@@ -90,3 +90,12 @@ def test_quantize_writes_the_page_with_the_model(tmp_path: Path) -> None:
     ran = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--calib", str(DIGITS / "calib.npz"),
                   "--report-html", str(page), "--no-measure")  # fmt: skip
     assert ran.returncode == 0 and out.is_file() and page.read_text().count("<svg") >= 3
+
+
+def test_a_histogram_method_shows_the_observed_ranges_and_the_most_clipped_tensors() -> None:
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", method="mse", measure=False)
+    seen = [c["seen"] for c in result.report["calibrated"] if c["kind"] == "activation"]
+    assert seen and all(len(s["histogram"]["counts"]) == 64 and s["observed"][0] <= s["observed"][1] for s in seen)
+    page = to_html(json.loads(json.dumps(result.report, default=str)))
+    assert "observed in calibration" in page and "clipped" in page
+    assert page.count("<svg") == 4  # kernels, weights, ranges, histograms (no latency: not measured)

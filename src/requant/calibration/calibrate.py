@@ -34,6 +34,7 @@ class Calibrated:
     type: str
     observer: str
     kind: str  # "weight" or "activation"
+    seen: dict[str, Any] | None = None  # what calibration observed (activations): range, histogram
 
 
 def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str) -> UniformType:
@@ -116,5 +117,5 @@ def calibrate(
         except (CalibrationError, QuantTypeError) as exc:
             raise CalibrationError(f"value '{name}' after {count} samples: {exc}") from None
         set_quant_type(value, t)
-        records.append(Calibrated(name, str(t), spec.observer, "activation"))
+        records.append(Calibrated(name, str(t), spec.observer, "activation", observer.seen()))
     return records

@@ -72,6 +72,11 @@ class Observer:
         """(min, max) to quantize, per tensor (0-d) or per axis (1-d)."""
         raise NotImplementedError
 
+    def seen(self) -> dict[str, Any] | None:
+        """What the report shows of the statistics, per tensor: ``observed`` [min, max] and, for
+        histogram observers, a coarse ``histogram`` (64 bins); None when there is nothing to show."""
+        return None
+
     def compute(self, spec: QuantizationSpec, expressed: str = "f32") -> UniformType:
         lo, hi = self.range(spec)
         axis = spec.axis if spec.granularity == "per_axis" else None
@@ -142,6 +147,11 @@ class MinMaxObserver(Observer):
         if self.lo is None or self.hi is None or np.isnan(self.lo).any():
             raise CalibrationError("no finite value was observed")
         return self.lo, self.hi
+
+    def seen(self) -> dict[str, Any] | None:
+        if self.axis is not None or self.lo is None or self.hi is None or np.isnan(self.lo).any():
+            return None
+        return {"observed": [float(self.lo), float(self.hi)]}
 
 
 @dataclass
@@ -226,6 +236,9 @@ class Histogram:
         return np.linspace(self.lo, self.hi, self.bins + 1)
 
 
+_SHOWN_BINS = 64  # a histogram's bins in the report (its 2048 folded by 32)
+
+
 @dataclass
 class HistogramObserver(Observer):
     """A histogram, and a rule turning it into a range (``percentile``, ``entropy`` or ``mse``)."""
@@ -252,6 +265,16 @@ class HistogramObserver(Observer):
         rules = {"percentile": _percentile_range, "entropy": _entropy_range, "mse": _mse_range}
         lo, hi = rules[self.rule](h, spec, self.options)
         return np.array(lo), np.array(hi)
+
+    def seen(self) -> dict[str, Any] | None:
+        h = self.histogram
+        if h.empty:
+            return None
+        coarse = h.counts.reshape(_SHOWN_BINS, -1).sum(axis=1) if h.bins % _SHOWN_BINS == 0 else h.counts
+        return {
+            "observed": [float(h.data_lo), float(h.data_hi)],
+            "histogram": {"lo": float(h.lo), "hi": float(h.hi), "counts": [int(c) for c in coarse]},
+        }
 
 
 def _percentile_range(h: Histogram, spec: QuantizationSpec, options: Mapping[str, Any]) -> tuple[float, float]:

@@ -146,6 +146,18 @@ def _weights(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _clipped(seen: Mapping[str, Any], low: float, high: float) -> float:
+    """The share of the observed values (by histogram bin centre) outside ``[low, high]``."""
+    histogram = seen.get("histogram")
+    if not histogram or not histogram["counts"]:
+        return 0.0
+    counts = histogram["counts"]
+    width = (histogram["hi"] - histogram["lo"]) / len(counts)
+    centres = [histogram["lo"] + (i + 0.5) * width for i in range(len(counts))]
+    outside = sum(c for c, x in zip(counts, centres, strict=True) if x < low or x > high)
+    return float(outside) / max(float(sum(counts)), 1.0)
+
+
 def _ranges(report: Mapping[str, Any]) -> list[str]:
     from requant.types import UniformQuantizedType, parse_type
 
@@ -160,26 +172,64 @@ def _ranges(report: Mapping[str, Any]) -> list[str]:
         if isinstance(t, UniformQuantizedType):
             low = (t.storage_min - t.zero_point) * t.scale
             high = (t.storage_max - t.zero_point) * t.scale
-            found.append((entry["value"], low, high, entry.get("observer", "")))
+            found.append((entry["value"], low, high, entry.get("seen") or {}))
     if not found:
         return []
 
     def draw(axes: Any) -> None:
         positions = list(range(len(found)))
-        axes.barh(positions, [h - lo for _, lo, h, _ in found], left=[lo for _, lo, _, _ in found], color="#27ae60")
+        axes.barh(positions, [h - lo for _, lo, h, _ in found], left=[lo for _, lo, _, _ in found],
+                  color="#27ae60", label="the type's range")  # fmt: skip
+        observed = [(p, seen["observed"]) for p, (_, _, _, seen) in zip(positions, found, strict=True) if seen]
+        if observed:
+            axes.hlines([p for p, _ in observed], [o[0] for _, o in observed], [o[1] for _, o in observed],
+                        color="#222", linewidth=1.5, label="observed in calibration")  # fmt: skip
+            axes.legend(loc="lower right")
         axes.set_yticks(positions, [name for name, *_ in found])
         axes.invert_yaxis()
         axes.axvline(0.0, color="#888", linewidth=0.8)
-        axes.set_xlabel("the range each activation's type can hold")
+        axes.set_xlabel("value")
         axes.grid(axis="x", alpha=0.3)
 
-    return [
+    parts = [
         "<h2>Activation ranges</h2>",
         _figure(
             _svg(draw, max(1.6, 0.22 * len(found) + 0.8)),
-            "The range each quantized activation's type holds, as its observer chose it.",
+            "Each quantized activation: the range its type holds (green) and the range calibration observed "
+            "(black; histogram observers and minmax).",
         ),
     ]
+    worst = sorted(
+        (
+            (_clipped(seen, low, high), name, low, high, seen)
+            for name, low, high, seen in found
+            if seen.get("histogram")
+        ),
+        key=lambda w: (-w[0], w[1]),
+    )[:6]
+    if worst:
+
+        def histograms(axes: Any) -> None:
+            axes.set_axis_off()
+            figure = axes.figure
+            for i, (share, name, low, high, seen) in enumerate(worst):
+                ax = figure.add_subplot(2, 3, i + 1)
+                h = seen["histogram"]
+                width = (h["hi"] - h["lo"]) / len(h["counts"])
+                ax.bar([h["lo"] + (j + 0.5) * width for j in range(len(h["counts"]))], h["counts"], width=width,
+                       color="#7f8c8d", log=True)  # fmt: skip
+                for bound in (low, high):
+                    ax.axvline(bound, color="#c0392b", linewidth=1)
+                ax.set_title(f"{name}: {100 * share:.3g}% clipped", fontsize=8)
+
+        parts.append(
+            _figure(
+                _svg(histograms, 4.6),
+                "The activations whose chosen range clips the largest share of the observed values: their "
+                "histograms (log scale) and the type's range (red).",
+            )
+        )
+    return parts
 
 
 def _budget(report: Mapping[str, Any]) -> list[str]:
