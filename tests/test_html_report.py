@@ -33,7 +33,10 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_the_page_is_self_contained_and_the_same_every_time(report: dict) -> None:
+    tries = report["accuracy_budget"]["tries"]
+    assert len(tries) >= 2 and all(t["latency_ms"] > 0 for t in tries)  # each try's latency, measured interleaved
     page = to_html(report)
+    assert "latency / float" in page
     assert page == to_html(report)  # the same bytes
     assert page.count("<svg") == 5  # kernels, weights, activation ranges, budget, latency: inline SVG
     for section in ("Kernels against float", "Weights", "Activation ranges", "Accuracy budget", "Latency and size",

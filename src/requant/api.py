@@ -274,9 +274,9 @@ def _within_budget(
     eval_data: Any,
     calibration_data: Any,
     again: Callable[[_Run, list[str]], _Run],
-) -> tuple[_Run, dict[str, Any]]:
+) -> tuple[_Run, dict[str, Any], dict[int, _Run]]:
     """The run with the fewest most-effective kernels kept float whose drop is within ``max_drop``,
-    and the budget's record (every try)."""
+    the budget's record (every try), and every try's run by its number of float kernels."""
     assert run.float_proto is not None  # kept: there is evaluation data
     f_session = session(run.float_proto)
 
@@ -321,7 +321,7 @@ def _within_budget(
         "tries": [s.__dict__ for s in steps],
         "candidates": len(ranked),
     }
-    return runs[best], record
+    return runs[best], record, runs
 
 
 def _check_arguments(**given: Any) -> None:
@@ -416,9 +416,10 @@ def quantize(
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
         run = again(run, [k.node for k in low])
-    first_run, budget = run, None
+    budget: dict[str, Any] | None = None
+    tried: dict[int, _Run] = {}
     if max_drop is not None:
-        run, budget = _within_budget(run, max_drop, metric, eval_data, calibration_data, again)
+        run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again)
     converted = run.converted
     quantized, quantized_proto, lint_result = converted.model, converted.proto, converted.lint_result
     report: dict[str, Any] = {
@@ -449,12 +450,16 @@ def quantize(
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
             timed = [f_session, q_session]
-            if first_run is not run:  # what the budget's float kernels cost: the first int8 model beside
-                timed.append(session(first_run.converted.proto))
+            # what each try of the budget costs: every model it made, the first int8 one included, beside
+            others = [k for k, candidate in sorted(tried.items()) if candidate is not run]
+            timed += [session(tried[k].converted.proto) for k in others]
             times = interleaved_latency_ms(timed, sample)
             report["latency_ms_batch1"] = {"float": times[0], "quantized": times[1], "measured": "interleaved"}
-            if budget is not None and len(times) > 2:
-                budget["latency_ms_before"] = times[2]
+            if budget is not None:
+                measured = dict(zip(others, times[2:], strict=True))
+                for step in budget["tries"]:
+                    step["latency_ms"] = measured.get(step["kept_float"], times[1])
+                budget["latency_ms_before"] = budget["tries"][0]["latency_ms"]
         if eval_data is not None:
             report["evaluation"] = _agreement(quantized, f_session, q_session, eval_data)
     if budget is not None:

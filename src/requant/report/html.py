@@ -238,19 +238,37 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
         return []
     tries = sorted(budget["tries"], key=lambda t: t["kept_float"])
 
+    float_ms = (report.get("latency_ms_batch1") or {}).get("float")
+
     def draw(axes: Any) -> None:
-        axes.plot([t["kept_float"] for t in tries], [t["drop"] for t in tries], marker="o", color="#2e86c1")
+        axes.plot([t["kept_float"] for t in tries], [t["drop"] for t in tries], marker="o", color="#2e86c1",
+                  label=budget["measures"])  # fmt: skip
         axes.axhline(budget["max_drop"], color="#c0392b", linestyle="--", linewidth=0.8, label="budget")
         axes.set_xlabel("kernels kept float (most effective first)")
         axes.set_ylabel(budget["measures"])
-        axes.legend()
         axes.grid(alpha=0.3)
+        if float_ms and all("latency_ms" in t for t in tries):  # what each try costs
+            cost = axes.twinx()
+            cost.plot([t["kept_float"] for t in tries], [t["latency_ms"] / float_ms for t in tries], marker="s",
+                      color="#e67e22", label="latency / float")  # fmt: skip
+            cost.set_ylabel("int8 latency / float latency")
+            lines = axes.get_legend_handles_labels()[0] + cost.get_legend_handles_labels()[0]
+            axes.legend(lines, [line.get_label() for line in lines], loc="upper right")
+        else:
+            axes.legend()
 
     kept = [[k["node"], "" if k["effect_db"] is None else k["effect_db"], k["sqnr_db"]] for k in budget["kept_float"]]
     return [
         "<h2>Accuracy budget</h2>",
         _figure(_svg(draw, 2.6), f"Each try; {'met' if budget['met'] else 'NOT met'}: {budget['final_drop']:.4f}."),
         _table(["kept float", "effect dB", "local SQNR dB"], kept),
+        _table(
+            ["kernels kept float", budget["measures"], "latency / float"],
+            [
+                [t["kept_float"], t["drop"], t["latency_ms"] / float_ms if float_ms and "latency_ms" in t else ""]
+                for t in tries
+            ],
+        ),
     ]
 
 
