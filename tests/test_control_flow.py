@@ -103,3 +103,21 @@ def test_requant_opt_verify_each_also_runs_onnx_checker() -> None:
     run_passes(model.clone(), get_passes("remove-identity"))  # requant's own verifier is content
     with pytest.raises(VerifyError, match="after pass 'remove-identity', ONNX's checker rejects the model"):
         run_passes(model, get_passes("remove-identity"), PassOptions(check_onnx=True))
+
+
+def test_a_relu_after_a_float_output_matmul_does_not_stop_onnx_runtime_fusing_it() -> None:
+    """X -> MatMul -> Relu -> Loop: ONNX Runtime's selectors take the Relu for a clamp to drop before a
+    QuantizeLinear that is not there, and left the MatMul float; written as Max(x, 0) it fuses."""
+    text = LOOP_MODEL.replace("a = MatMul(X, W)", "a0 = MatMul(X, W)\n    a = Relu(a0)")
+    rng = np.random.default_rng(2)
+    data = [{"X": rng.uniform(-1, 1, (1, 4)).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(load_onnx_text(text), data, measure=False)
+    lint = result.report["lint"]
+    assert lint["int8_kernels"] == {"MatMulIntegerToFloat": 1} and lint["asked_to_be_quantized_but_float"] == []
+    assert "Max" in [n.op_type for n in result.model.graph] and "Relu" not in [n.op_type for n in result.model.graph]
+    w = np.array(eval(WEIGHT.replace("{", "[").replace("}", "]")), np.float32).reshape(4, 4)
+    growth = np.abs(w + np.eye(4)).sum(0).max() ** 3
+    float_model = load_onnx_text(text)
+    for sample in data:
+        error = np.abs(_run(result.model, sample) - _run(float_model, sample))
+        assert error.max() <= growth * _bound(result.model, sample["X"], w).max() + 1e-5

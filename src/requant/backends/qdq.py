@@ -282,17 +282,46 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
 def finish_qdq(model: ir.Model) -> None:
     """The rewrites that keep ONNX Runtime's int8 fusions whole, after the QDQ graph is final (bias
     correction measures on the graph as written: its float references read the clamped values):
-    clamps their QuantizeLinear makes redundant go, 3-d int8 MatMuls keep their bias Add apart, and
-    Muls by a positive constant between conversions fold into a scale. The same numbers, or closer
+    clamps their QuantizeLinear makes redundant go, a Relu after a float-output int8 MatMul becomes a
+    Max, 3-d int8 MatMuls keep their bias Add apart, and Muls by a positive constant between
+    conversions fold into a scale. The same numbers, or closer
     to float (a folded Mul's product is not rounded again)."""
     graph = model.graph
     for node in [n for n in graph if is_op(n, "Relu") or is_op(n, "Clip")]:
         _drop_clamp(node)
     builder = _Builder(graph)
+    for node in [n for n in graph if is_op(n, "Relu")]:
+        _relu_after_float_output(builder, node)
     for node in [n for n in graph if is_op(n, "MatMul")]:
         _keep_matmul_apart(builder, node)
     for node in [n for n in graph if is_op(n, "Mul")]:
         _fold_scalar_mul(builder, node)
+
+
+def _relu_after_float_output(builder: _Builder, relu: ir.Node) -> None:
+    """A Relu after an int8 MatMul with a float output (MatMulIntegerToFloat) becomes ``Max(x, 0)``:
+    the same numbers, and ONNX Runtime then fuses the MatMul.
+
+    ONNX Runtime's QDQ selectors take a Relu or Clip after a kernel as a clamp its QuantizeLinear
+    makes redundant; with no QuantizeLinear after it (the output is float), the selection fails and
+    the MatMul runs in float between DequantizeLinears (measured: MatMul -> Relu -> Tanh, 0 int8
+    kernels; with Max, MatMulIntegerToFloat). A Relu whose output is a graph output escapes that
+    search and is left as it is."""
+    source = relu.inputs[0]
+    kernel = source.producer() if source is not None else None
+    out = relu.outputs[0]
+    if source is None or kernel is None or not is_op(kernel, "MatMul") or out.is_graph_output():
+        return
+    readers = [v.producer() if v is not None else None for v in kernel.inputs[:2]]
+    if not all(r is not None and is_op(r, "DequantizeLinear") for r in readers):
+        return
+    if not out.uses() or all(is_op(u.node, "QuantizeLinear") for u in out.uses()):
+        return  # a quantized output: the fused kernel clamps it (or the Relu went already)
+    dtype = source.dtype.numpy() if source.dtype is not None else np.float32
+    zero = builder.initializer(f"{relu.name or 'relu'}_zero", np.zeros((), dtype))
+    relu.op_type = "Max"
+    relu.resize_inputs(2)
+    relu.replace_input_with(1, zero)
 
 
 def _constant_number(value: ir.Value) -> npt.NDArray[Any] | None:
