@@ -102,3 +102,14 @@ def test_the_cli_takes_a_budget(tmp_path: Path) -> None:
                       str(DIGITS / "calib.npz"), "--max-drop", "0.01")  # fmt: skip
     assert refused.returncode != 0 and "max_drop needs eval_data" in refused.stderr
     assert not (tmp_path / "c.onnx").exists()
+
+
+def test_a_generator_of_evaluation_samples_is_read_once_and_kept_for_every_try() -> None:
+    x = np.load(DIGITS / "eval.npz")["x"]
+    samples = ({"x": x[i : i + 1]} for i in range(len(x)))
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", target="onnxruntime-cpu-vnni",
+                              eval_data=samples, max_drop=0.0, metric="top1", measure=False)  # fmt: skip
+    budget = result.report["accuracy_budget"]
+    assert budget["met"] and len(budget["tries"]) >= 2  # every try evaluated on the whole set, not an empty one
+    assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d"]
+    assert result.report["evaluation"]["samples"] == len(x)

@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import onnx_ir as ir
 
@@ -203,18 +205,25 @@ def _run(
     return _Run(quantizer_report, float_proto, float_size, chosen, converted)
 
 
-def _agreement(model: ir.Model, f_session: Any, q_session: Any, data: Any) -> dict[str, float]:
+@dataclass
+class _Reference:
+    """The float model's session and, once computed, its first output on each evaluation sample: the
+    accuracy budget evaluates every try, and the report the final model, against the same outputs."""
+
+    session: Any
+    outputs: list[npt.NDArray[Any]] | None = None
+
+
+def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any) -> dict[str, float]:
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
-    labels = None
-    if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz" and Path(data).is_file():
-        labels = read_labels(Path(data))  # the samples are read without it, one at a time
-    elif isinstance(data, Mapping) and "labels" in data and "labels" not in {v.name for v in model.graph.inputs}:
-        labels = np.asarray(data["labels"]).reshape(-1)  # a dict of arrays takes them as an .npz does
-        data = {k: v for k, v in data.items() if k != "labels"}
+    data, labels = _split_labels(data, {str(v.name) for v in model.graph.inputs})
+    known = reference.outputs or []
     outs_f, outs_q = [], []
-    for sample in iter_samples(model, data, "evaluation"):
-        outs_f.append(np.asarray(f_session.run(None, sample)[0], dtype=np.float64))
+    for i, sample in enumerate(iter_samples(model, data, "evaluation")):
+        run_float = i >= len(known)
+        outs_f.append(np.asarray(reference.session.run(None, sample)[0], np.float64) if run_float else known[i])
         outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
+    reference.outputs = outs_f
     f, q = np.concatenate(outs_f), np.concatenate(outs_q)
     for what, outputs in (("float", outs_f), ("quantized", outs_q)):
         bad = next((i for i, o in enumerate(outputs, start=1) if not np.isfinite(o).all()), None)
@@ -260,11 +269,18 @@ def _check_budget(max_drop: Any, metric: Any, eval_data: Any, keep_float_below: 
         raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
 
 
+def _split_labels(data: Any, inputs: set[str]) -> tuple[Any, npt.NDArray[Any] | None]:
+    """Evaluation data without its ``labels``, and the labels (None when it has none): an ``.npz``'s
+    array of that name, or a dict's entry when the model has no input of that name."""
+    if isinstance(data, (str, os.PathLike)) and Path(data).suffix == ".npz" and Path(data).is_file():
+        return data, read_labels(Path(data))  # the samples are read without it, one at a time
+    if isinstance(data, Mapping) and "labels" in data and "labels" not in inputs:
+        return {k: v for k, v in data.items() if k != "labels"}, np.asarray(data["labels"]).reshape(-1)
+    return data, None
+
+
 def _has_labels(data: Any) -> bool:
-    if isinstance(data, Mapping):
-        return "labels" in data
-    path = Path(data) if isinstance(data, (str, os.PathLike)) else None
-    return path is not None and path.suffix == ".npz" and path.is_file() and read_labels(path) is not None
+    return _split_labels(data, set())[1] is not None
 
 
 def _within_budget(
@@ -274,14 +290,14 @@ def _within_budget(
     eval_data: Any,
     calibration_data: Any,
     again: Callable[[_Run, list[str]], _Run],
+    reference: _Reference,
 ) -> tuple[_Run, dict[str, Any], dict[int, _Run]]:
     """The run with the fewest most-effective kernels kept float whose drop is within ``max_drop``,
     the budget's record (every try), and every try's run by its number of float kernels."""
     assert run.float_proto is not None  # kept: there is evaluation data
-    f_session = session(run.float_proto)
 
     def evaluate(candidate: _Run) -> dict[str, float]:
-        return _agreement(candidate.converted.model, f_session, session(candidate.converted.proto), eval_data)
+        return _agreement(candidate.converted.model, reference, session(candidate.converted.proto), eval_data)
 
     first = evaluate(run)
     chosen = choose_metric(metric, "float_accuracy" in first)
@@ -418,8 +434,12 @@ def quantize(
         run = again(run, [k.node for k in low])
     budget: dict[str, Any] | None = None
     tried: dict[int, _Run] = {}
+    reference: _Reference | None = None
     if max_drop is not None:
-        run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again)
+        if isinstance(eval_data, Iterator):  # a generator: every try reads it again, so all of it is kept
+            eval_data = Replayed(eval_data, sys.maxsize)
+        reference = _Reference(session(run.float_proto))
+        run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again, reference)
     converted = run.converted
     quantized, quantized_proto, lint_result = converted.model, converted.proto, converted.lint_result
     report: dict[str, Any] = {
@@ -446,7 +466,8 @@ def quantize(
         "quantize_seconds": time.perf_counter() - started,
     }
     if run.float_proto is not None:
-        f_session, q_session = session(run.float_proto), session(quantized_proto)  # once: latency and evaluation
+        reference = reference or _Reference(session(run.float_proto))  # the budget's, with its outputs
+        f_session, q_session = reference.session, session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
             timed = [f_session, q_session]
@@ -461,7 +482,7 @@ def quantize(
                     step["latency_ms"] = measured.get(step["kept_float"], times[1])
                 budget["latency_ms_before"] = budget["tries"][0]["latency_ms"]
         if eval_data is not None:
-            report["evaluation"] = _agreement(quantized, f_session, q_session, eval_data)
+            report["evaluation"] = _agreement(quantized, reference, q_session, eval_data)
     if budget is not None:
         report["accuracy_budget"] = budget
     result = QuantizedModel(quantized, report)

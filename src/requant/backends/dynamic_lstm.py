@@ -21,7 +21,8 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.ir.annotations import quant_type, set_quant_type, stored_values
-from requant.ir.queries import fresh_name, graph_values, is_op
+from requant.ir.queries import is_op
+from requant.passes._rewrite import drop_if_unused, new_initializer
 from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
@@ -66,20 +67,11 @@ def _rewritable(node: ir.Node) -> list[tuple[ir.Value, UniformType]] | None:
     return found
 
 
-def _initializer(graph: ir.Graph, taken: set[str | None], base: str, array: npt.NDArray[Any]) -> ir.Value:
-    name = fresh_name(base, taken)
-    tensor = ir.Tensor(np.array(array, order="C", copy=True), name=name)
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
-    graph.register_initializer(value)
-    return value
-
-
 def write_dynamic_lstms(model: ir.Model) -> int:
     """Rewrite every LSTM of the main graph whose two weights have 8-bit types; returns how many.
 
     The weights' types are cleared (the float weight stays only if something else reads it)."""
     graph = model.graph
-    taken = {v.name for v in graph_values(graph)}
     count = 0
     for node in [n for n in graph if is_op(n, "LSTM")]:
         weights = _rewritable(node)
@@ -94,15 +86,13 @@ def write_dynamic_lstms(model: ir.Model) -> int:
             grid = _grid(t, data.shape[0], data.shape[1])
             assert grid is not None
             name = str(value.name)
-            quantized = _initializer(graph, taken, f"{name}_quantized", np.ascontiguousarray(stored.transpose(0, 2, 1)))
-            node.replace_input_with(index, quantized)
+            node.replace_input_with(index, new_initializer(graph, f"{name}_quantized", stored.transpose(0, 2, 1)))
             params += [
-                _initializer(graph, taken, f"{name}_scale", grid[0].astype(np.float32)),
-                _initializer(graph, taken, f"{name}_zero_point", grid[1].astype(t.storage_type.numpy_dtype)),
+                new_initializer(graph, f"{name}_scale", grid[0].astype(np.float32)),
+                new_initializer(graph, f"{name}_zero_point", grid[1].astype(t.storage_type.numpy_dtype)),
             ]
             set_quant_type(value, None)
-            if not value.uses() and not value.is_graph_output() and value.is_initializer():
-                del graph.initializers[name]
+            drop_if_unused(graph, value)
         node.resize_inputs(8)
         for param in params:
             node.resize_inputs(len(node.inputs) + 1)

@@ -42,6 +42,7 @@ from requant.ir.annotations import (
 )
 from requant.ir.provenance import QUANTIZES_KEY
 from requant.ir.queries import constant, fresh_name, graph_values, is_op, pads_with_zero
+from requant.passes._rewrite import drop_if_unused
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
 from requant.quantizers.shared import SharedSpecQuantizer
 from requant.types import (
@@ -298,6 +299,16 @@ def finish_qdq(model: ir.Model) -> None:
         _fold_scalar_mul(builder, node)
 
 
+def _int8_matmul(node: ir.Node) -> bool:
+    """A MatMul whose two inputs are dequantized: one ONNX Runtime fuses into an int8 kernel."""
+    readers = [v.producer() if v is not None else None for v in node.inputs[:2]]
+    return (
+        is_op(node, "MatMul")
+        and len(readers) == 2
+        and all(r is not None and is_op(r, "DequantizeLinear") for r in readers)
+    )
+
+
 def _relu_after_float_output(builder: _Builder, relu: ir.Node) -> None:
     """A Relu after an int8 MatMul with a float output (MatMulIntegerToFloat) becomes ``Max(x, 0)``:
     the same numbers, and ONNX Runtime then fuses the MatMul.
@@ -310,10 +321,7 @@ def _relu_after_float_output(builder: _Builder, relu: ir.Node) -> None:
     source = relu.inputs[0]
     kernel = source.producer() if source is not None else None
     out = relu.outputs[0]
-    if source is None or kernel is None or not is_op(kernel, "MatMul") or out.is_graph_output():
-        return
-    readers = [v.producer() if v is not None else None for v in kernel.inputs[:2]]
-    if not all(r is not None and is_op(r, "DequantizeLinear") for r in readers):
+    if source is None or kernel is None or not _int8_matmul(kernel) or out.is_graph_output():
         return
     if not out.uses() or all(is_op(u.node, "QuantizeLinear") for u in out.uses()):
         return  # a quantized output: the fused kernel clamps it (or the Relu went already)
@@ -365,8 +373,7 @@ def _fold_scalar_mul(builder: _Builder, mul: ir.Node) -> None:
         readers = [u.node for u in q.outputs[0].uses()]
         if not readers or not all(is_op(r, "DequantizeLinear") for r in readers):
             continue
-        attributes = {a.name: a.value for a in dq.attributes.values()}
-        if any(r.attributes.get("axis") is not None for r in readers) or attributes.get("axis") is not None:
+        if any(r.attributes.get("axis") is not None for r in (dq, *readers)):
             continue  # per tensor only: the readers' axis would have to follow
         base = f"{dq.inputs[1].name if dq.inputs[1] is not None else 'scale'}_times_{mul.name or 'mul'}"
         folded = builder.initializer(base, (np.asarray(scale, np.float64) * c).astype(scale.dtype))
@@ -395,11 +402,10 @@ def _keep_matmul_apart(builder: _Builder, matmul: ir.Node) -> None:
     feed-forward layer: 1.10x float latency; 0.69x with the bias as [1, N]). A bias Add whose sum
     is only quantized (read by QuantizeLinear alone) is left as it is: that Gemm becomes a QGemm.
     """
-    a, w = (matmul.inputs[i] if i < len(matmul.inputs) else None for i in (0, 1))
-    readers = [v.producer() if v is not None else None for v in (a, w)]
+    a = matmul.inputs[0]
     if a is None or a.shape is None or len(a.shape) <= 2 or not all(isinstance(d, int) for d in a.shape):
         return  # 2-d, or a dynamic shape: ONNX Runtime leaves the pair alone
-    if not all(r is not None and is_op(r, "DequantizeLinear") for r in readers):
+    if not _int8_matmul(matmul):
         return
     uses = list(matmul.outputs[0].uses())
     if len(uses) != 1 or not is_op(uses[0].node, "Add") or matmul.outputs[0].is_graph_output():
@@ -477,8 +483,7 @@ def _drop_clamp(node: ir.Node) -> None:
     bounds_values = [v for v in node.inputs[1:] if v is not None]
     graph.remove(node, safe=True)
     for value in bounds_values:  # a Clip's bounds, if nothing else reads them
-        if not value.uses() and value.is_initializer() and not value.is_graph_input() and not value.is_graph_output():
-            del graph.initializers[str(value.name)]
+        drop_if_unused(graph, value)
 
 
 def _pad_integers(pad: ir.Node) -> None:

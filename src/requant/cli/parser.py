@@ -1,11 +1,15 @@
-"""What the sub-commands' parsers share."""
+"""What the sub-commands share: their parsers' help, and writing outputs whole or not at all."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["documented"]
+from requant.errors import RequantError
+
+__all__ = ["documented", "write_all"]
 
 
 def documented(commands: Any, name: str, summary: str, doc: str | None, **extra: Any) -> argparse.ArgumentParser:
@@ -14,3 +18,28 @@ def documented(commands: Any, name: str, summary: str, doc: str | None, **extra:
         name, help=summary, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **extra
     )
     return parser
+
+
+def write_all(texts: dict[str, str], model: Any = None, output: str | None = None) -> None:
+    """Write the text outputs (reports, pages) and the model, if any, whole or not at all: the texts
+    go to temporary files in their folders first, then the model is saved (itself a temporary file
+    and a rename), then the texts are renamed into place. A failure on the way leaves no output."""
+    from requant.frontends import save_onnx
+
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            target = Path(path)
+            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+            with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
+                staged.append((partial, target))
+                f.write(text)
+        if model is not None and output is not None:
+            save_onnx(model, output)
+        for partial, target in staged:
+            partial.replace(target)
+    except OSError as exc:
+        raise RequantError(f"could not write {exc.filename or 'the outputs'}: {exc.strerror or exc}") from None
+    finally:
+        for partial, _ in staged:
+            partial.unlink(missing_ok=True)

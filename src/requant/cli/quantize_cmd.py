@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
+from requant.cli.parser import write_all
 from requant.errors import RequantError
 from requant.frontends import check_outputs
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
@@ -101,30 +101,6 @@ def _data(path: str | None, images: Any) -> Any:
     return path
 
 
-def _write_all(model: Any, output: str, texts: dict[str, str]) -> None:
-    """Write the model and the reports whole or not at all: the reports go to temporary files in their
-    folders first, then the model is saved (itself a temporary file and a rename), then the reports
-    are renamed into place. A failure on the way leaves no output."""
-    from requant.frontends import save_onnx
-
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in texts.items():
-            target = Path(path)
-            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-            with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
-                staged.append((partial, target))
-                f.write(text)
-        save_onnx(model, output)
-        for partial, target in staged:
-            partial.replace(target)
-    except OSError as exc:
-        raise RequantError(f"could not write {exc.filename or 'the outputs'}: {exc.strerror or exc}") from None
-    finally:
-        for partial, _ in staged:
-            partial.unlink(missing_ok=True)
-
-
 def run(args: argparse.Namespace) -> int:
     from requant.api import quantize
     from requant.config_file import RunSettings, read_config
@@ -175,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
         texts[settings.report_html] = to_html(result.report)
     assert settings.output is not None
-    _write_all(result.model, settings.output, texts)
+    write_all(texts, result.model, settings.output)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
     for path in (settings.output, *texts):

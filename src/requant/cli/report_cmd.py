@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from requant.cli.parser import documented
+from requant.cli.parser import documented, write_all
 from requant.errors import RequantError
 
 __all__ = ["register"]
@@ -38,15 +37,6 @@ def run(args: argparse.Namespace) -> int:
         raise RequantError(f"cannot read the report {source}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequantError(f"{source} is not a JSON report ({exc})") from None
-    page = to_html(report, title=f"requant report: {source.stem}")
-    target = Path(args.output)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    try:  # whole or not at all
-        partial.write_text(page, encoding="utf-8")
-        partial.replace(target)
-    except OSError as exc:
-        raise RequantError(f"could not write {target}: {exc.strerror or exc}") from None
-    finally:
-        partial.unlink(missing_ok=True)
+    write_all({args.output: to_html(report, title=f"requant report: {source.stem}")})
     print(f"wrote {args.output}")
     return 0

@@ -17,6 +17,7 @@ __all__ = [
     "all_nodes",
     "bypass",
     "constant",
+    "drop_if_unused",
     "is_op",
     "keeps_interface",
     "new_initializer",
@@ -39,6 +40,15 @@ def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.gener
     value = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value
+
+
+def drop_if_unused(graph: ir.Graph, value: ir.Value) -> bool:
+    """Remove initializer ``value`` from ``graph`` when nothing reads it any more and it is not part of
+    the graph's interface; whether it went."""
+    if value.uses() or not value.is_initializer() or value.is_graph_input() or value.is_graph_output():
+        return False
+    graph.initializers.pop(str(value.name))
+    return True
 
 
 def adopt_name(old: ir.Value, new: ir.Value) -> None:

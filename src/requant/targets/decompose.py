@@ -22,7 +22,7 @@ import onnx_ir as ir
 from requant.ir.annotations import replace_value
 from requant.ir.queries import constant, fresh_name, graph_values
 from requant.ir.requests import QuantizationSpec
-from requant.passes._rewrite import adopt_name, new_initializer
+from requant.passes._rewrite import adopt_name, drop_if_unused, new_initializer
 
 if TYPE_CHECKING:
     from requant.quantizers.config import QuantizationConfig
@@ -169,15 +169,20 @@ def _pad_applies(node: ir.Node, config: QuantizationConfig) -> bool:
     return cout >= 16 and cout % 8 == 0 and cin >= 2 and int(np.prod(window)) <= 9
 
 
+def _before_opset_11(node: ir.Node, what: str) -> str | None:
+    """Why a rewrite that writes an op whose inputs were attributes before opset 11 cannot be done, or None."""
+    graph = node.graph
+    opset = graph.opset_imports.get("", 0) if isinstance(graph, ir.Graph) else 0
+    if opset < 11:
+        return f"opset {opset}: {what} before opset 11 (upgrade the model)"
+    return None
+
+
 def _pad_check(node: ir.Node) -> str | None:
     x = node.inputs[0]
     if x is None or x.shape is None or len(x.shape) != 4:
         return "the rank of its input is unknown"
-    graph = node.graph
-    opset = graph.opset_imports.get("", 0) if isinstance(graph, ir.Graph) else 0
-    if opset < 11:
-        return f"opset {opset}: Pad takes its pads as an attribute before opset 11 (upgrade the model)"
-    return None
+    return _before_opset_11(node, "Pad takes its pads as an attribute")
 
 
 def _pad_conv(node: ir.Node) -> list[ir.Node]:
@@ -204,10 +209,8 @@ def _pad_conv(node: ir.Node) -> list[ir.Node]:
     graph.insert_before(node, pad)
     node.replace_input_with(0, out)
     node.replace_input_with(1, padded_w)
-    if not w.uses() and w.is_initializer() and not (w.is_graph_input() or w.is_graph_output()):
-        name = w.name
-        graph.initializers.pop(str(name))
-        padded_w.name = name  # the weight keeps the name users know
+    if drop_if_unused(graph, w):
+        padded_w.name = w.name  # the weight keeps the name users know
     return [pad, node]
 
 
@@ -223,11 +226,7 @@ def _hard_check(node: ir.Node) -> str | None:
     alpha, _ = _hard_parameters(node)
     if alpha <= 0:
         return f"its alpha ({alpha:g}) is not positive"
-    graph = node.graph
-    opset = graph.opset_imports.get("", 0) if isinstance(graph, ir.Graph) else 0
-    if opset < 11:
-        return f"opset {opset}: Clip takes its bounds as attributes before opset 11 (upgrade the model)"
-    return None
+    return _before_opset_11(node, "Clip takes its bounds as attributes")
 
 
 def _quantizes_activations(node: ir.Node, config: QuantizationConfig) -> bool:
