@@ -6,7 +6,9 @@ Each case builds one kernel with adversarial inputs (many at 255) and weights (m
 must match exactly, and the exact int32 one must not where pairs saturate (and the other way round
 for the kernels that add in int32). Outputs are kept exact: MatMulInteger and QGemm without an
 output scale give the accumulator itself; QLinearConv and QLinearMatMul requantize by a power of
-two, which float32 computes exactly. The machine must have no VNNI (the project machine: AVX2).
+two, which float32 computes exactly. What this CPU computes is the host's model
+(``host_kernel_model``): int16 pairs without VNNI, exact int32 with it; either way the other
+accumulation must give other outputs, so each case checks the host's rule both ways.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, Reduction, is_depthwise
-from requant.types.accumulation import INT16_PAIRS, INT32
+from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, Reduction, host_kernel_model, is_depthwise
+from requant.types.accumulation import INT16_PAIRS, INT32, Accumulation
 
 RNG_SEED = 7
+HOST = host_kernel_model()
+
+
+def _on_host(op_type: str, depthwise: bool = False) -> tuple[Accumulation, Accumulation]:
+    """This CPU's accumulation of uint8 x int8 ``op_type``, and the other one."""
+    rule = HOST.find(op_type, "u8", "i8", depthwise)
+    assert rule is not None
+    return rule.accumulation, (INT16_PAIRS if rule.accumulation is INT32 else INT32)
 
 
 OUTPUTS = {"QLinearConv": TensorProto.UINT8, "QLinearMatMul": TensorProto.UINT8, "MatMulInteger": TensorProto.INT32,
@@ -126,8 +136,8 @@ def test_qlinearconv_accumulates_as_the_kernel_model_says(
     depthwise = is_depthwise(w.shape, group)
     rule = ONNXRUNTIME_X86.find("Conv", "u8", "i8", depthwise)
     assert rule is not None and rule.accumulation is (INT32 if depthwise else INT16_PAIRS)
-    other = INT16_PAIRS if rule.accumulation is INT32 else INT32
-    modelled = _conv_reference(x, w, bias, stride, pad, group, shift, rule.accumulation)
+    host, other = _on_host("Conv", depthwise)
+    modelled = _conv_reference(x, w, bias, stride, pad, group, shift, host)
     assert (y == modelled).all(), f"{name}: {(y != modelled).sum()} outputs differ from the kernel model"
     assert (y != _conv_reference(x, w, bias, stride, pad, group, shift, other)).sum() > y.size // 10
 
@@ -144,11 +154,11 @@ def test_matmulinteger_and_matmulintegertofloat_pair_along_k(m: int, k: int, n: 
         helper.make_node("MatMulIntegerToFloat", ["a", "w", "one", "one"], ["y"], domain="com.microsoft"),
         [a_info], [numpy_helper.from_array(w, "w"), _scalar("one", 1.0)],
     )  # fmt: skip
-    pairs, exact = INT16_PAIRS.dot(a, w), INT32.dot(a, w)
-    assert not (pairs == exact).all()
+    host, other = _on_host("MatMul")
+    assert not (host.dot(a, w) == other.dot(a, w)).all()
     for session in (integer, to_float):
         (y,) = session.run(None, {"a": a})
-        assert (y == pairs).all()
+        assert (y == host.dot(a, w)).all()
 
 
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 10, 6), (7, 33, 20)])
@@ -162,8 +172,9 @@ def test_qgemm_pairs_the_raw_inputs_and_removes_the_zero_point_after(m: int, k: 
     (y,) = _session(node, [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])], inits).run(None, {"a": a})
     rows = Reduction("Gemm", w.shape, trans_b=True).rows(w.astype(np.int64))
     correction = 77 * rows.sum(axis=1)
-    assert (y == INT16_PAIRS.dot(a, rows.T) - correction).all()
-    assert not (y == INT32.dot(a, rows.T) - correction).all()
+    host, other = _on_host("Gemm")
+    assert (y == host.dot(a, rows.T) - correction).all()
+    assert not (y == other.dot(a, rows.T) - correction).all()
 
 
 def test_qlinearmatmul_pairs_along_k() -> None:
@@ -177,8 +188,9 @@ def test_qlinearmatmul_pairs_along_k() -> None:
     def requantized(acc: np.ndarray) -> np.ndarray:
         return np.clip(np.rint(acc.astype(np.float32) / np.float32(1024)) + 128, 0, 255)
 
-    assert (y == requantized(INT16_PAIRS.dot(a, w))).all()
-    assert not (y == requantized(INT32.dot(a, w))).all()
+    host, other = _on_host("MatMul")
+    assert (y == requantized(host.dot(a, w))).all()
+    assert not (y == requantized(other.dot(a, w))).all()
 
 
 @pytest.mark.parametrize(("inputs", "weights"), [(np.uint8, np.uint8), (np.int8, np.int8)], ids=["u8u8", "s8s8"])
@@ -265,8 +277,20 @@ def test_dynamicquantizelstm_pairs_its_input_and_hidden_state_products(steps: in
     y, yc = session.run(None, {"x": x})
     rule = ONNXRUNTIME_X86.find("LSTM", "u8", "i8")
     assert rule is not None and rule.accumulation is INT16_PAIRS
-    modelled = _lstm_reference(x, w, r, w_scale[0], r_scale[0], INT16_PAIRS)
-    exact = _lstm_reference(x, w, r, w_scale[0], r_scale[0], INT32)
+    host, other = _on_host("LSTM")
+    modelled = _lstm_reference(x, w, r, w_scale[0], r_scale[0], host)
+    exact = _lstm_reference(x, w, r, w_scale[0], r_scale[0], other)
     for got, want, wrong in zip((y.reshape(steps, -1), yc.reshape(-1)), modelled, exact, strict=True):
         np.testing.assert_allclose(got, want, atol=2e-5)  # float math: MLAS's sigmoid and tanh
-        assert np.abs(got - wrong).max() > 0.02  # the exact sums give other states (1000x the tolerance)
+        assert np.abs(got - wrong).max() > 0.02  # the other sums give other states (1000x the tolerance)
+
+
+def test_the_host_model_follows_the_cpu_flags() -> None:
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+    zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n"
+    alder_lake = "flags\t\t: avx2 avx_vnni\n"
+    assert host_kernel_model(zen3) is ONNXRUNTIME_X86
+    assert host_kernel_model("flags\t\t: avx2 avx512f avx512bw\n") is ONNXRUNTIME_X86  # AVX-512 without VNNI pairs
+    assert host_kernel_model(zen4) is ONNXRUNTIME_X86_VNNI
+    assert host_kernel_model(alder_lake) is ONNXRUNTIME_X86_VNNI
+    assert host_kernel_model("") is ONNXRUNTIME_X86  # nothing known: the conservative model

@@ -16,6 +16,7 @@ import requant.api
 from requant.calibration import CalibrationError
 from requant.calibration.data import iter_samples
 from requant.frontends import load_onnx
+from tests.host import PAIRS_SATURATE
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
 
@@ -313,7 +314,8 @@ def test_lint_finds_the_kernels_that_can_saturate_and_their_worst_error(tmp_path
     reference = (worst @ (out["w_quantized"].astype(np.float64) * out["w_scale"]))[0]
     (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": worst})
     error = np.abs(y[0] - reference).max()
-    assert abs(error - finding["worst_error"]) <= float(out["y_scale"]), (error, finding)
+    predicted = finding["worst_error"] if PAIRS_SATURATE else 0.0  # with VNNI this CPU adds in int32: exact
+    assert abs(error - predicted) <= float(out["y_scale"]), (error, finding)
     path = tmp_path / "full.onnx"
     full.save(path)
     flagged = subprocess.run([sys.executable, "-m", "requant", "lint", str(path), "--strict"], capture_output=True,

@@ -28,7 +28,9 @@ adversarial weights and inputs (``tests/test_kernel_model.py``) and read from ML
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,7 @@ __all__ = [
     "KernelModel",
     "KernelRule",
     "Reduction",
+    "host_kernel_model",
     "is_depthwise",
 ]
 
@@ -103,6 +106,23 @@ ONNXRUNTIME_X86_VNNI = KernelModel(
     "AMD Zen 4 and later)",
     (KernelRule("uint8 x int8 (MLAS vpdpbusd)", _CONV | _LINEAR | _LSTM, INT32),),
 )
+
+
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # as Linux names them in /proc/cpuinfo
+
+
+def host_kernel_model(cpuinfo: str | None = None) -> KernelModel:
+    """The kernel model of the CPU this runs on (``cpuinfo``: the text of ``/proc/cpuinfo``, read when
+    None): with VNNI when its flags name one of ``VNNI_FLAGS``, else without (also when they cannot be
+    read: the model that proves less). For measuring and testing what this CPU computes; quantizing
+    never calls it (outputs do not depend on the machine)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if platform.machine().lower() not in ("x86_64", "amd64") or not path.is_file():
+            return ONNXRUNTIME_X86
+        cpuinfo = path.read_text(errors="replace")
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return ONNXRUNTIME_X86_VNNI if VNNI_FLAGS & set(flags) else ONNXRUNTIME_X86
 
 
 @dataclass(frozen=True)
