@@ -21,9 +21,11 @@ per-channel int8 weights, uint8 activations, MinMax) on the exported model and o
 ``nncf.quantize`` with its defaults (``model_type=TRANSFORMER`` for MiniLM) on the folded model
 (its ONNX backend fails on the exported ones: a Conv without a bias, an unnamed tensor). requant
 runs ``requant.api.quantize`` with its defaults ("default": the target onnxruntime-cpu and the
-preset it picks), "u8w" the previous default (uint8 weights, ``UINT8_PER_CHANNEL_WEIGHTS``), and
-"vnni" the target ``onnxruntime-cpu-vnni`` (full-range int8 weights: exact on CPUs with VNNI; the
-quality shown is what this CPU, without VNNI, computes).
+preset it picks), "u8w" the previous default (uint8 weights, ``UINT8_PER_CHANNEL_WEIGHTS``; for
+MiniLM "u8fo", ``UINT8_FLOAT_OUTPUTS`` without smoothing), and "vnni" the target
+``onnxruntime-cpu-vnni`` (full-range int8 weights: exact on CPUs with VNNI; the quality shown is
+what this CPU computes: on a CPU without VNNI their int16 pairs can saturate; which kind this CPU is,
+the first line says).
 
 "crnn" is a real text-line recognizer with an LSTM: ddddocr 1.6.1's ``common.onnx`` (convs with
 SiLU, a bidirectional LSTM of 512 units, an 8210-way classifier; installed with ``--no-deps`` from
@@ -251,10 +253,11 @@ if tool == "requant":
     from requant.quantizers import PRESETS, Quantizer
     method, _, variant = method.partition("+")  # "mse+u8w": a method and a variant
     target = "onnxruntime-cpu-vnni" if variant == "vnni" else "onnxruntime-cpu"
-    preset = {"u8w": "UINT8_PER_CHANNEL_WEIGHTS", "i8w": "INT8_FLOAT_OUTPUTS"}.get(variant)
+    preset = {"u8w": "UINT8_PER_CHANNEL_WEIGHTS", "u8fo": "UINT8_FLOAT_OUTPUTS"}.get(variant)
     quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
+    smoothing = {"smoothing": 0} if variant == "u8fo" else {}  # the previous default did not smooth
     requant.api.quantize(model, samples, target=target, method=method, quantizer=quantizer, output=out,
-                         progress=lambda done, elapsed: None, measure=False)
+                         progress=lambda done, elapsed: None, measure=False, **smoothing)
 elif tool == "nncf":
     import nncf, onnx
     kind = {"model_type": nncf.ModelType.TRANSFORMER} if method == "transformer" else {}
@@ -366,8 +369,8 @@ RUNS = {  # tool -> its variants; requant's are "method[+variant]"
     "onnxruntime": ("MinMax", "MinMax/folded"),
     "nncf": ("default/folded",),
 }
-# MiniLM's default preset (UINT8_FLOAT_OUTPUTS) did not change: its variant is the int8-weight one
-VARIANTS = {"minilm": {"mse+u8w": "mse+i8w"}, "crnn": {"MinMax/folded": "dynamic"}}
+# MiniLM's previous default: uint8 weights with float outputs, not smoothed
+VARIANTS = {"minilm": {"mse+u8w": "mse+u8fo"}, "crnn": {"MinMax/folded": "dynamic"}}
 
 
 def as_on_vnni(path: Path, out: Path) -> Path:
@@ -440,10 +443,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     onnxruntime.set_global_thread_pool_sizes(2, 1)  # one pool for every session: 2 threads, spinning as usual
-    print(f"onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores; latency: batch 1, 2 threads, interleaved")
+    from requant.targets.kernels import host_kernel_model
+
+    cpu = host_kernel_model().name  # what this CPU computes: int16 pairs without VNNI, exact with
+    print(f"onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores; {cpu}; latency: batch 1, 2 threads, "
+          "interleaved")  # fmt: skip
     # requant's sources byte-compiled, as pip compiles onnxruntime's at install (start-up is timed)
     compileall.compile_dir(str(ROOT / "src"), quiet=1)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"cpu": cpu}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for name in args.models.split(","):
@@ -517,8 +524,8 @@ def report(name: str, result: dict[str, Any]) -> None:
     peers = {
         "ORT": _latency_of(result, "onnxruntime", "MinMax"),
         "NNCF": _latency_of(result, "nncf", "default/folded"),
-        # requant's previous default: uint8 weights for conv nets; MiniLM's did not change
-        "prev": _latency_of(result, "requant", "mse+u8w") or _latency_of(result, "requant", "mse"),
+        # requant's previous default: uint8 weights (MiniLM: with float outputs, not smoothed)
+        "prev": _latency_of(result, "requant", "mse+u8w") or _latency_of(result, "requant", "mse+u8fo"),
     }
     print(
         f"  {'tool':<12} {'method':<15} {metric:>14} {'top5/KL':>14} {'int8/fp32':>9} "

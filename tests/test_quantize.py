@@ -92,7 +92,7 @@ def test_other_calibration_methods(method: str) -> None:
 
 
 def conv_preset() -> Any:
-    """The conv-net default (models with only linear layers would get UINT8_FLOAT_OUTPUTS)."""
+    """The conv-net default (models with only linear layers would get INT8_FLOAT_OUTPUTS)."""
     from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
 
     return Quantizer().set_global(PRESETS[DEFAULT_PRESET])
@@ -577,7 +577,7 @@ def test_the_default_preset_follows_the_model() -> None:
         )
     calib = [{"x": rng.standard_normal((1, 5, 8)).astype(np.float32)} for _ in range(4)]
     linear = requant.api.quantize(proto, calib, measure=False).report
-    assert linear["quantizers"]["preset_choice"].startswith("UINT8_FLOAT_OUTPUTS (linear layers: 2, convolutions: 0")
+    assert linear["quantizers"]["preset_choice"].startswith("INT8_FLOAT_OUTPUTS (linear layers: 2, convolutions: 0")
     # the ReLU between them: the first becomes QLinearMatMul (its output is the second one's quantized input)
     assert linear["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1, "QLinearMatMul": 1}
     given = requant.api.quantize(proto, calib, quantizer=Quantizer().set_global(INT8_PER_TENSOR), measure=False)
@@ -602,7 +602,7 @@ def test_an_embedding_read_only_by_float_ops_is_stored_uint8() -> None:
         [onnx.numpy_helper.from_array(table, "table"), onnx.numpy_helper.from_array(weight, "w")]
     )
     calib = [{"ids": rng.integers(0, 100, (1, 9))} for _ in range(4)]
-    result = requant.api.quantize(proto, calib, measure=False)  # UINT8_FLOAT_OUTPUTS: the Tanh stays float
+    result = requant.api.quantize(proto, calib, measure=False)  # INT8_FLOAT_OUTPUTS: the Tanh stays float
     model = ir.to_proto(result.model)
     stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     assert stored["table_quantized"].dtype == np.uint8 and "table" not in stored

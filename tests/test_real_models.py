@@ -211,18 +211,10 @@ def test_minilm_with_float_outputs_keeps_its_embeddings() -> None:
     Measured (bench data, 200 calibration / 100 evaluation sentences): cosine 0.993 against 0.872
     with the conv-net preset, which also quantizes residual sums, softmax and attention products.
     """
-    from bench.bench_quantize import sentences
-
     from requant.quantizers import UINT8_FLOAT_OUTPUTS, Quantizer
-    from tests.models.minilm import make_minilm, tokenize
+    from tests.models.minilm import export_minilm
 
-    texts = sentences(60)
-    ids, mask = tokenize(texts[:2])
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
-    model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)),
-                         dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))  # fmt: skip
-    names = [str(v.name) for v in model.graph.inputs]
-    samples = [dict(zip(names, tokenize([t]), strict=True)) for t in texts]
+    model, samples = export_minilm(60)
     quantizer = Quantizer().set_global(UINT8_FLOAT_OUTPUTS)
     report = requant.quantize(model, samples[:30], quantizer=quantizer, eval_data=samples[30:], measure=False).report
     assert report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 36}

@@ -30,6 +30,7 @@ from requant.calibration.data import Replayed, check_exists, iter_samples, read_
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
+from requant.calibration.smoothing import DEFAULT_ALPHA, Smoothing, smooth_linears
 from requant.calibration.weight_encoding import WeightEncoding
 from requant.errors import ArgumentError, RequantError
 from requant.frontends import LoadError, check_outputs, load, save_onnx, serialized_size
@@ -64,16 +65,30 @@ def prepare(
     quantizer: Quantizer | None = None,
     target: str = DEFAULT_TARGET,
     strict: bool = False,
+    smoothing_data: Any = None,
+    smoothing: float | None = DEFAULT_ALPHA,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize and annotate (with ``quantizer``, or the preset ``choose_preset`` picks for
-    the model among the target's).
+    """Load, canonicalize, smooth the linear layers' inputs (with ``smoothing_data``, calibration
+    samples; :mod:`requant.calibration.smoothing`) and annotate (with ``quantizer``, or the preset
+    ``choose_preset`` picks for the model among the target's).
 
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
     ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
     """
-    model, report, _ = _prepare(source, quantizer, target, strict, None, **load_options)
+    smooth = _Smoothing(smoothing, smoothing_data, None, {}) if smoothing and smoothing_data is not None else None
+    model, report, _, _ = _prepare(source, quantizer, target, strict, None, smooth, **load_options)
     return model, report
+
+
+@dataclass
+class _Smoothing:
+    """How to smooth linear layers: ``alpha``, over ``data``; ``ranges``: channel ranges already measured."""
+
+    alpha: float
+    data: Any
+    progress: Progress | None
+    ranges: dict[str, Any]
 
 
 def _prepare(
@@ -82,11 +97,13 @@ def _prepare(
     target: str,
     strict: bool,
     keep_float: bool | None,
+    smoothing: _Smoothing | None = None,
     **load_options: Any,
-) -> tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None]:
-    """``prepare``; with ``keep_float`` not None, also the float model as canonicalized, before the
-    quantizers annotate it and the target's decompositions rewrite it (the reference for latency and
-    evaluation: a decomposed HardSwish runs slower in float), serialized if ``keep_float``, and its size."""
+) -> tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None, Smoothing]:
+    """``prepare``; with ``keep_float`` not None, also the float model as canonicalized, before
+    smoothing, the quantizers' annotations and the target's decompositions (the reference for latency
+    and evaluation: a decomposed HardSwish runs slower in float), serialized if ``keep_float``, and
+    its size; and what smoothing did."""
     chosen = get_target(target)
     if isinstance(source, ir.Model):
         source = source.clone()
@@ -109,6 +126,11 @@ def _prepare(
         proto = ir.serde.serialize_model(model) if keep_float else None
         float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
     quantizer = quantizer or Quantizer(chosen.table).set_global_by_model()
+    smoothed = Smoothing([], [], "off")
+    if smoothing is not None:
+        progress = smoothing.progress or terminal_progress("measuring channels")
+        smoothed = smooth_linears(model, smoothing.data, smoothing.alpha, progress, smoothing.ranges)
+        quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
     if half:
         kind = " and ".join(t.lower() for t in half)
@@ -116,7 +138,7 @@ def _prepare(
             f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
             f"activations: its inputs and outputs keep their {kind} types, through Casts)"
         )
-    return model, report, float_info
+    return model, report, float_info, smoothed
 
 
 def convert(
@@ -175,6 +197,7 @@ class _Run:
     float_size: int
     chosen: list[Any]
     converted: _Converted
+    smoothed: Smoothing
 
 
 def _run(
@@ -191,10 +214,15 @@ def _run(
     load_options: Mapping[str, Any],
     cache: StatisticsCache,
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
+    smoothing: float | None = None,
 ) -> _Run:
-    """``float_info``: the float model (or None) and its size from an earlier run of the same model."""
+    """``float_info``: the float model (or None) and its size from an earlier run of the same model;
+    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed)."""
     keep = keep_float_proto if float_info is None else None
-    prepared, quantizer_report, measured = _prepare(model, quantizer, target.name, strict, keep, **load_options)
+    smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
+    prepared, quantizer_report, measured, smoothed = _prepare(
+        model, quantizer, target.name, strict, keep, smooth, **load_options
+    )
     float_info = float_info or measured
     assert float_info is not None
     float_proto, float_size = float_info
@@ -202,7 +230,7 @@ def _run(
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
     converted = _convert(prepared, target, kernel_data, progress=kernel_progress, correct=correct)
-    return _Run(quantizer_report, float_proto, float_size, chosen, converted)
+    return _Run(quantizer_report, float_proto, float_size, chosen, converted, smoothed)
 
 
 @dataclass
@@ -376,6 +404,7 @@ def quantize(
     keep_float_below: float | None = None,
     max_drop: float | None = None,
     metric: str | None = None,
+    smoothing: float | None = DEFAULT_ALPHA,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -397,6 +426,9 @@ def quantize(
     model loses more, the fewest kernels with the lowest measured SQNR are kept float, quantizing
     and evaluating again until the drop is within it (:mod:`requant.report.budget`; each try in the
     report). Not with ``keep_float_below``.
+    ``smoothing``: the alpha (in (0, 1]) with which each linear layer's input channels are evened out
+    against its weight's rows before quantizing (SmoothQuant, :mod:`requant.calibration.smoothing`);
+    None or 0 leaves them as they are.
     """
     started = time.perf_counter()
     _check_arguments(quantizer=quantizer, output=output, target=target, method=method, progress=progress,
@@ -408,6 +440,11 @@ def quantize(
     ):
         raise RequantError(f"keep_float_below must be a finite number of dB (e.g. 29), got {keep_float_below!r}")
     _check_budget(max_drop, metric, eval_data, keep_float_below)
+    if smoothing is not None and (
+        isinstance(smoothing, bool) or not isinstance(smoothing, int | float) or not 0 <= smoothing <= 1
+    ):
+        raise ArgumentError(f"smoothing must be an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA}), "
+                            f"got {smoothing!r}")  # fmt: skip
     check_exists(calibration_data, "calibration")  # before any work
     check_exists(eval_data, "evaluation")
     if output is not None:  # before any work: a refused run writes nothing
@@ -424,10 +461,10 @@ def quantize(
     def again(first: _Run, floats: list[str]) -> _Run:
         return _run(model, quantizer.with_float_nodes(floats), chosen_target, strict, calibration_data, method,
                     progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
-                    (first.float_proto, first.float_size))  # fmt: skip
+                    (first.float_proto, first.float_size), smoothing)  # fmt: skip
 
     run = _run(model, quantizer, chosen_target, strict, calibration_data, method, progress, measure_kernels,
-               bias_correction, keep_float_proto, load_options, cache)  # fmt: skip
+               bias_correction, keep_float_proto, load_options, cache, smoothing=smoothing)  # fmt: skip
     low = [k for k in run.converted.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
@@ -446,6 +483,11 @@ def quantize(
         "target": target,
         "target_description": chosen_target.description,
         "quantizers": run.quantizer_report.to_json(),
+        "smoothing": {
+            "alpha": smoothing or None,
+            "not_applied": run.smoothed.not_applied,
+            "inputs": [r.__dict__ for r in run.smoothed.inputs],
+        },
         "calibrated": [c.__dict__ for c in run.chosen],
         "propagated": [n.__dict__ for n in converted.notes],
         "weight_encoding": {
@@ -516,6 +558,16 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
     if report["quantizers"].get("compute"):
         lines.append(f"compute: {report['quantizers']['compute']}")
+    smoothed = [r for r in report.get("smoothing", {}).get("inputs", []) if r["applied"]]
+    if smoothed:
+        folded = sum(1 for r in smoothed if r["applied"].startswith("folded"))
+        widest = max(smoothed, key=lambda r: r["spread_before"])
+        lines.append(
+            f"smoothing (alpha {report['smoothing']['alpha']:g}): {len(smoothed)} linear-layer inputs "
+            f"({folded} folded into their normalization, {len(smoothed) - folded} by a float Mul); widest "
+            f"'{widest['input']}': largest channel {widest['spread_before']:.1f}x the median -> "
+            f"{widest['spread_after']:.1f}x"
+        )
     if report.get("weight_encoding", {}).get("kernels"):
         lines.append(f"int8 weights: {encoding_summary(report['weight_encoding'])}")
     lines += [

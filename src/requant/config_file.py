@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from requant.calibration.images import ImagePreprocessing
+from requant.calibration.smoothing import DEFAULT_ALPHA
 from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
@@ -55,7 +56,7 @@ from requant.targets.registry import DEFAULT_TARGET, get_target
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
 _TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "keep_float_below",
-        "max_drop", "metric", "images", "report", "configs", "override", "module_params")  # fmt: skip
+        "max_drop", "metric", "smoothing", "images", "report", "configs", "override", "module_params")  # fmt: skip
 _SELECTORS = ("op_type", "node", "node_regex", "module", "module_type")
 _PORTS = ("input_activation", "output_activation", "weight", "bias")
 
@@ -79,6 +80,7 @@ class RunSettings:
     keep_float_below: float | None = None
     max_drop: float | None = None  # an accuracy budget on the evaluation data (requant.report.budget)
     metric: str | None = None
+    smoothing: float = DEFAULT_ALPHA  # 0: off (requant.calibration.smoothing)
     images: ImagePreprocessing | None = None
     report_json: str | None = None
     report_markdown: str | None = None
@@ -229,6 +231,9 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         settings.max_drop = float(_typed(data["max_drop"], (int, float), f"{where}: max_drop", "a number (0.01)"))
     if "metric" in data:
         settings.metric = _typed(data["metric"], str, f"{where}: metric", "accuracy, top1 or cosine")
+    if "smoothing" in data:
+        alpha = _typed(data["smoothing"], (int, float), f"{where}: smoothing", "an alpha in [0, 1] (0: off)")
+        settings.smoothing = float(alpha)
     settings.bias_correction = _typed(
         data.get("bias_correction", True), bool, f"{where}: bias_correction", "true or false"
     )

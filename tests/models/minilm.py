@@ -130,3 +130,20 @@ def tokenize(sentences: list[str], length: int = 64) -> tuple[np.ndarray, np.nda
     ids = np.array([e.ids for e in encoded], dtype=np.int64)
     mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
     return ids, mask
+
+
+def export_minilm(count: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+    """all-MiniLM-L6-v2 through requant's PyTorch front door (batch and sequence dynamic), and the
+    bench's first ``count`` sentences as samples, one sentence each at its own length."""
+    import torch
+    from bench.bench_quantize import sentences
+
+    import requant
+
+    texts = sentences(count)
+    ids, mask = tokenize(texts[:2])
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
+    model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)),
+                         dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))  # fmt: skip
+    names = [str(v.name) for v in model.graph.inputs]
+    return model, [dict(zip(names, tokenize([t]), strict=True)) for t in texts]

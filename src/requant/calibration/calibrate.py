@@ -66,10 +66,12 @@ def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, 
 
 @dataclass
 class StatisticsCache:
-    """The observers of earlier calibrations of one model and data set, by value name and spec."""
+    """The observers of earlier calibrations of one model and data set, by value name and spec; and
+    the channel ranges smoothing measured, by value name."""
 
     observers: dict[tuple[str, QuantizationSpec], Observer] = dataclasses.field(default_factory=dict)
     samples: int = 0
+    channels: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def calibrate(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
+from requant.calibration.smoothing import DEFAULT_ALPHA
 from requant.cli.parser import write_all
 from requant.errors import RequantError
 from requant.frontends import check_outputs
@@ -57,6 +58,13 @@ def register(commands: Any) -> None:
         action="store_false",
         default=None,
         help="keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
+    )
+    sub.add_argument(
+        "--smoothing",
+        metavar="ALPHA",
+        type=float,
+        help=f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "
+        f"convolutions (default {DEFAULT_ALPHA}; 0: off): outlier channels move into the weights",
     )
     sub.add_argument(
         "--keep-float-below",
@@ -112,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
         ("report_html", "report_html"),
         ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"), ("max_drop", "max_drop"),
-        ("metric", "metric"),
+        ("metric", "metric"), ("smoothing", "smoothing"),
     ):  # fmt: skip
         if getattr(args, flag) is not None:
             setattr(settings, key, getattr(args, flag))
@@ -139,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         keep_float_below=settings.keep_float_below,
         max_drop=settings.max_drop,
         metric=settings.metric,
+        smoothing=settings.smoothing,
         measure=args.measure,
     )
     texts = {}

@@ -15,6 +15,7 @@ __all__ = [
     "op_name",
     "pads_with_zero",
     "subgraphs",
+    "weighted_layers",
 ]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -43,6 +44,16 @@ def graph_values(graph: ir.Graph) -> list[ir.Value]:
     """The graph's inputs, initializers and node outputs, in that order; not those of subgraphs
     (``requant.ir.annotations.iter_values`` walks those too): quantization works on the main graph."""
     return [*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs)]
+
+
+def weighted_layers(graph: ir.Graph) -> tuple[int, int]:
+    """How many linear layers (``MatMul`` or ``Gemm`` with a constant weight) and convolutions
+    (``Conv``, ``ConvTranspose``) ``graph`` has."""
+    convs = sum(1 for n in graph if n.op_type in ("Conv", "ConvTranspose"))
+    linear = sum(
+        1 for n in graph if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and constant(n.inputs[1]) is not None
+    )
+    return linear, convs
 
 
 def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from requant.ir.queries import constant
+from requant.ir.queries import weighted_layers
 from requant.ir.requests import DTYPES, FixedSpec, NoQuant, QuantizationSpec, RequestError
 
 __all__ = [
@@ -149,7 +149,7 @@ DEFAULT_PRESET = "INT8_PER_CHANNEL_WEIGHTS"
 # Models with more linear layers than convolutions (transformers, MLPs): their linear layers feed
 # ops ONNX Runtime runs in float (LayerNorm, GELU, residual sums). uint8 weights (exact uint8 x
 # uint8 kernel): MiniLM keeps cosine 0.993 at 0.52 of float latency.
-LINEAR_DEFAULT_PRESET = "UINT8_FLOAT_OUTPUTS"
+LINEAR_DEFAULT_PRESET = "INT8_FLOAT_OUTPUTS"
 
 
 def choose_preset(
@@ -160,12 +160,7 @@ def choose_preset(
     ``presets``: the one for conv nets and the one for models with more linear layers than
     convolutions (a target's, :mod:`requant.targets.registry`).
     """
-    convs = sum(1 for n in model.graph if n.op_type in ("Conv", "ConvTranspose"))
-    linear = sum(
-        1
-        for n in model.graph
-        if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and constant(n.inputs[1]) is not None
-    )
+    linear, convs = weighted_layers(model.graph)
     counts = f"linear layers: {linear}, convolutions: {convs}"
     conv_preset, linear_preset = presets
     if linear > convs:

@@ -182,6 +182,31 @@ def _bias_correction(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _smoothing(report: Mapping[str, Any]) -> list[str]:
+    section = report.get("smoothing")
+    if not section or not section.get("alpha"):
+        return []
+    lines = ["## Smoothing", ""]
+    if section.get("not_applied"):
+        return [*lines, f"Not applied: {section['not_applied']}.", ""]
+    lines += [
+        f"Each linear layer's input divided per channel by s = max|x|^{section['alpha']:g} / max|w|^"
+        f"{1 - section['alpha']:.2g}, its weight's rows multiplied by s (the float model computes the same). "
+        "Spread: the input's largest channel range over its median one, before and after.",
+        "",
+    ]
+    rows = [
+        (
+            f"`{r['input']}`",
+            ", ".join(f"`{n}`" for n in r["linears"]),
+            r["applied"] or f"not smoothed: {r['skipped']}",
+            f"{r['spread_before']:.1f} -> {r['spread_after']:.1f}" if r["channels"] else "",
+        )
+        for r in section.get("inputs", [])
+    ]
+    return [*lines, *_table(("input", "linear layers", "done", "spread"), rows)] if rows else [*lines, "None.", ""]
+
+
 def _weight_encoding(report: Mapping[str, Any]) -> list[str]:
     section = report.get("weight_encoding")
     if not section or not section.get("kernels"):
@@ -219,6 +244,7 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     lines += _summary(report)
     lines += _lint(report["lint"])
     lines += _quantizers(report["quantizers"])
+    lines += _smoothing(report)
     lines += _ports(report)
     lines += _weight_encoding(report)
     lines += _bias_correction(report)

@@ -49,7 +49,7 @@ TARGETS: dict[str, Target] = {
             "sum of the uint8 x int8 kernels can saturate on CPUs without VNNI (exact everywhere)",
             ONNXRUNTIME_CPU,
             ONNXRUNTIME_X86,
-            ("INT8_PER_CHANNEL_WEIGHTS", "UINT8_FLOAT_OUTPUTS"),
+            ("INT8_PER_CHANNEL_WEIGHTS", "INT8_FLOAT_OUTPUTS"),
         ),
         Target(
             "onnxruntime-cpu-vnni",
