@@ -365,7 +365,7 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
 
 
 RUNS = {  # tool -> its variants; requant's are "method[+variant]"
-    "requant": ("minmax", "mse", "mse+u8w", "mse+vnni"),
+    "requant": ("minmax", "mean_minmax", "mse", "mse+u8w", "mse+vnni"),
     "onnxruntime": ("MinMax", "MinMax/folded"),
     "nncf": ("default/folded",),
 }

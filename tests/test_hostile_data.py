@@ -175,7 +175,10 @@ def test_old_and_ir3_style_models_quantize() -> None:
         ({"quantizer": "INT8"}, "quantizer must be a requant Quantizer, or None for the defaults; got 'INT8' (str)"),
         ({"output": 7}, "output must be a path (str or os.PathLike), or None; got 7 (int)"),
         ({"target": 3}, "target must be a target name (a str); got 3 (int)"),
-        ({"method": "foo"}, "method must be None or one of entropy, minmax, moving_average_minmax, mse, percentile"),
+        (
+            {"method": "foo"},
+            "method must be None or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, percentile",
+        ),
         ({"progress": 3}, "progress must be None or a callable progress(done, total); got 3 (int)"),
         ({"measure": "no"}, "measure must be True or False; got 'no' (str)"),
         ({"bias_correction": 1}, "bias_correction must be True or False; got 1 (int)"),

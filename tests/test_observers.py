@@ -151,3 +151,24 @@ def test_histogram_rules_count_the_levels_a_reduced_range_leaves() -> None:
         t = observer.compute(spec)
         assert isinstance(t, UniformQuantizedType) and t.storage_max == (127 if reduced else 255)
     assert ranges[True][1] < ranges[False][1] - 0.2 and ranges[True][0] > ranges[False][0] + 0.2
+
+
+def test_mean_minmax_averages_each_samples_extremes_and_merges_exactly() -> None:
+    """NNCF's MEAN_MINMAX: one wide sample among four moves the range by a quarter of its excess."""
+    samples = [np.array([-1.0, 0.5, 2.0]), np.array([-1.0, 2.0]), np.array([0.0, 2.0, np.nan]), np.array([-1.0, 10.0])]
+    whole = make_observer(spec("mean_minmax"))
+    for s in samples:
+        whole.update(s.astype(np.float32))
+    assert whole.range(spec("mean_minmax")) == (-0.75, 4.0)
+    first, second = make_observer(spec("mean_minmax")), make_observer(spec("mean_minmax"))
+    for s in samples[:1]:
+        first.update(s)
+    for s in samples[1:]:
+        second.update(s)
+    first.merge(second)
+    assert first.range(spec("mean_minmax")) == (-0.75, 4.0)
+    assert not whole.batchable  # the runner must give it one sample per update
+    empty = make_observer(spec("mean_minmax"))
+    empty.update(np.array([np.nan]))
+    with pytest.raises(CalibrationError, match="no finite value"):
+        empty.range(spec("mean_minmax"))

@@ -82,7 +82,7 @@ def test_other_requests_round_trip(request_: object) -> None:
     [
         (lambda: QuantizationSpec("int9"), "dtype 'int9' is not one of int16, int32, int4, int8, uint16, uint4, uint8"),
         (lambda: QuantizationSpec(granularity="per_row"), "granularity 'per_row' is not one of"),
-        (lambda: QuantizationSpec(observer="kl"), "observer 'kl' is not one of entropy, minmax"),
+        (lambda: QuantizationSpec(observer="kl"), "observer 'kl' is not one of entropy, mean_minmax, minmax"),
         (lambda: QuantizationSpec(granularity="per_axis"), "needs an integer axis"),
         (lambda: QuantizationSpec(axis=1), "'per_tensor' takes no axis"),
         (lambda: QuantizationSpec(granularity="blockwise", axis=0), "needs a block_size of at least 1"),

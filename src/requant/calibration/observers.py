@@ -38,6 +38,7 @@ __all__ = [
     "CalibrationError",
     "Histogram",
     "HistogramObserver",
+    "MeanMinMaxObserver",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "Observer",
@@ -172,6 +173,39 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
             c = self.averaging_constant
             self.lo = self.lo + c * (batch.lo - self.lo)
             self.hi = self.hi + c * (batch.hi - self.hi)
+
+
+@dataclass
+class MeanMinMaxObserver(MinMaxObserver):
+    """The mean over updates (samples) of each one's min and max: NNCF's default for activations
+    (``MEAN_MINMAX``). A rare sample with a wider range widens it by its share only."""
+
+    count: int = 0
+    sum_lo: Array | None = None
+    sum_hi: Array | None = None
+    batchable = False  # an average of each sample's extremes: one update per sample
+
+    def update(self, array: Array) -> None:
+        sample = MinMaxObserver(self.axis)
+        sample.update(array)
+        if sample.lo is None or sample.hi is None or np.isnan(sample.lo).any():
+            return
+        self.count += 1
+        self.sum_lo = sample.lo if self.sum_lo is None else self.sum_lo + sample.lo
+        self.sum_hi = sample.hi if self.sum_hi is None else self.sum_hi + sample.hi
+        self.lo, self.hi = self.sum_lo / self.count, self.sum_hi / self.count
+
+    def merge(self, other: Observer) -> None:
+        assert isinstance(other, MeanMinMaxObserver)
+        if other.count and other.sum_lo is not None and other.sum_hi is not None:
+            self.count += other.count
+            self.sum_lo = other.sum_lo if self.sum_lo is None else self.sum_lo + other.sum_lo
+            self.sum_hi = other.sum_hi if self.sum_hi is None else self.sum_hi + other.sum_hi
+            self.lo, self.hi = self.sum_lo / self.count, self.sum_hi / self.count
+
+    def seen(self) -> dict[str, Any] | None:
+        seen = super().seen()
+        return None if seen is None else {"observed": seen["observed"], "mean of samples": True}
 
 
 @dataclass
@@ -370,6 +404,7 @@ Factory = Callable[[QuantizationSpec, int | None], Observer]
 
 _METHODS: dict[str, Factory] = {
     "minmax": lambda spec, axis: MinMaxObserver(axis),
+    "mean_minmax": lambda spec, axis: MeanMinMaxObserver(axis),
     "moving_average_minmax": lambda spec, axis: MovingAverageMinMaxObserver(
         axis, averaging_constant=float(spec.observer_options.get("averaging_constant", 0.01))
     ),

@@ -38,7 +38,9 @@ def register(commands: Any) -> None:
         help=f"what the model is for (default: {DEFAULT_TARGET}, exact on every x86-64 CPU; onnxruntime-cpu-vnni: "
         "full-range int8 weights for CPUs with VNNI, see docs/targets.md)",
     )
-    sub.add_argument("--method", help="calibration method for activations: minmax, percentile, entropy, mse, ...")
+    sub.add_argument(
+        "--method", help="calibration method for activations: minmax (default), mean_minmax, percentile, entropy, mse"
+    )
     sub.add_argument(
         "--preset",
         choices=sorted(PRESETS),
