@@ -21,6 +21,7 @@ from requant.calibration.smoothing import smooth_linears
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.passes import get_passes, run_passes
+from requant.report.html import to_html
 from requant.report.markdown import to_markdown
 
 # Channel 7 of x is 12x the others after the LayerNormalization (its gamma), and w1's last row feeds
@@ -97,6 +98,7 @@ def test_an_input_read_by_others_too_gets_a_float_mul_that_the_quantizers_keep_f
     assert set(kept["inputs"].values()) == {"#requant.float"} and kept["outputs"] == {}
     assert sum(quantized.report["lint"]["int8_kernels"].values()) == 2  # both MatMuls
     assert "smoothing (alpha 0.8): 1 linear-layer inputs (0 folded" in quantized.report["summary"]
+    assert "<h2>Smoothing</h2>" in to_html(quantized.report) and "n/smooth" in to_html(quantized.report)
     page = to_markdown(quantized.report)
     assert "| `n` | `node_1` | Mul 'n/smooth' before the linear layers | 10.9 -> 1.4 |" in page
     assert "| `h` | `node_3` | not smoothed: its largest channel is 1.1x its median one" in page

@@ -302,6 +302,24 @@ def _lint(report: Mapping[str, Any]) -> list[str]:
     return ["<h2>What ONNX Runtime runs (lint)</h2>", _table(["", ""], rows)]
 
 
+def _smoothing(report: Mapping[str, Any]) -> list[str]:
+    section = report.get("smoothing") or {}
+    inputs = section.get("inputs", [])
+    if not section.get("alpha") or not inputs:
+        return []
+    rows = [
+        [r["input"], ", ".join(r["linears"]), r["applied"] or f"not smoothed: {r['skipped']}",
+         float(r["spread_before"]) if r["channels"] else "", float(r["spread_after"]) if r["channels"] else ""]
+        for r in inputs
+    ]  # fmt: skip
+    caption = (
+        f"Linear-layer inputs evened out against their weights (alpha {section['alpha']:g}): spread is the "
+        "largest channel range over the median one"
+    )
+    return ["<h2>Smoothing</h2>", f"<p>{html.escape(caption)}</p>",
+            _table(["input", "linear layers", "done", "spread before", "spread after"], rows)]  # fmt: skip
+
+
 def _decisions(report: Mapping[str, Any]) -> list[str]:
     quantizers = report.get("quantizers", {})
     rows = []
@@ -324,7 +342,7 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     if not isinstance(report, Mapping) or "summary" not in report:
         raise HtmlReportError("not a requant report: it has no 'summary' (write one with --report-json)")
     body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
-    for section in (_kernels, _weights, _ranges, _budget, _speed_and_size, _lint, _decisions):
+    for section in (_kernels, _weights, _ranges, _smoothing, _budget, _speed_and_size, _lint, _decisions):
         body += section(report)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
