@@ -177,7 +177,7 @@ def test_old_and_ir3_style_models_quantize() -> None:
         ({"target": 3}, "target must be a target name (a str); got 3 (int)"),
         (
             {"method": "foo"},
-            "method must be None or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, percentile",
+            "method must be None, 'auto' or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, percentile",
         ),
         ({"progress": 3}, "progress must be None or a callable progress(done, total); got 3 (int)"),
         ({"measure": "no"}, "measure must be True or False; got 'no' (str)"),

@@ -286,7 +286,7 @@ def option_cases() -> list[Case]:
              q("--keep-float-below", "high"), code=2),
         Case("options", "unknown target", "argument --target: invalid choice: 'onnxruntime-gpu'", q("--target", "onnxruntime-gpu"), code=2),
         Case("options", "unknown preset", "argument --preset: invalid choice: 'INT9'", q("--preset", "INT9"), code=2),
-        Case("options", "unknown method", "method must be None or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, "
+        Case("options", "unknown method", "method must be None, 'auto' or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, "
              "percentile; got 'best' (str)", q("--method", "best")),
         Case("options", "unknown images", "argument --images: invalid choice: 'vgg'", q("--images", "vgg"), code=2),
         Case("options", "output onto the model", "-o '{tmp}/digits_cnn.onnx' is the input model: refusing to overwrite it",
@@ -381,7 +381,7 @@ def api_cases() -> list[Case]:
         Case("api", "output as a number", "output must be a path (str or os.PathLike), or None; got 7 (int)", api=api(output=7)),
         Case("api", "target as a number", "target must be a target name (a str); got 3 (int)", api=api(target=3)),
         Case("api", "unknown target", "unknown target 'gpu'; known targets: onnxruntime-cpu", api=api(target="gpu")),
-        Case("api", "unknown method", "method must be None or one of entropy, mean_minmax, minmax", api=api(method="best")),
+        Case("api", "unknown method", "method must be None, 'auto' or one of entropy, mean_minmax, minmax", api=api(method="best")),
         Case("api", "progress not callable", "progress must be None or a callable progress(done, total); got 3 (int)",
              api=api(progress=3)),
         Case("api", "measure as text", "measure must be True or False; got 'no' (str)", api=api(measure="no")),

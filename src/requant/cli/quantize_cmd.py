@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
         "full-range int8 weights for CPUs with VNNI, see docs/targets.md)",
     )
     sub.add_argument(
-        "--method", help="calibration method for activations: minmax (default), mean_minmax, percentile, entropy, mse"
+        "--method", help="activation calibration method: minmax (default), mean_minmax, auto, percentile, entropy, mse"
     )
     sub.add_argument(
         "--preset",
