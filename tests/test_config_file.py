@@ -50,7 +50,8 @@ config = "float"
     assert "int8 kernels: 2 (QLinearConv x2)" in result.stdout  # the classifier's Gemm stayed float
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["lint"]["int8_kernels"] == {"QLinearConv": 2}
-    assert {c["observer"] for c in report["calibrated"] if c["kind"] == "activation"} == {"mse"}
+    observers = {c["value"]: c["observer"] for c in report["calibrated"] if c["kind"] == "activation"}
+    assert observers.pop("x") == "minmax" and set(observers.values()) == {"mse"}  # the model's input: whole range
     records = report["quantizers"]["quantizers"]
     assert [(r["finder"], r["config"]) for r in records[:2]] == [
         ("ModulePath('classifier')", "FLOAT"),

@@ -103,8 +103,8 @@ def calibrate(
             records.append(Calibrated(str(value.name), str(t), "minmax", "weight"))
             continue
         spec = dataclasses.replace(r, observer=method) if method is not None else r
-        if value.is_graph_output() and spec.observer != "minmax":  # the model's own output is never clipped:
-            spec = dataclasses.replace(spec, observer="minmax", observer_options={})  # its largest logits decide
+        if (value.is_graph_output() or value.is_graph_input()) and spec.observer != "minmax":
+            spec = dataclasses.replace(spec, observer="minmax", observer_options={})  # the model's edges: whole range
         name = str(value.name)
         observer = cache.observers.get((name, spec)) if cache is not None else None
         if observer is None:  # not observed in an earlier calibration: observed now
