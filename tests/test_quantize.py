@@ -726,3 +726,18 @@ def test_method_auto_keeps_the_method_whose_output_is_closest_to_float() -> None
     alone = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", method=choice["chosen"],
                                  measure=False)  # fmt: skip
     assert ir.to_proto(auto.model).SerializeToString() == ir.to_proto(alone.model).SerializeToString()
+
+
+def test_on_a_vnni_cpu_the_summary_points_to_the_vnni_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model never depends on the CPU quantizing it; the advice does: where pairs were re-encoded
+    and this CPU has VNNI, the summary names the target whose full-range weights are exact there."""
+    from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI
+
+    proto, x, _ = _saturating_gemm()
+    for host, hinted in ((ONNXRUNTIME_X86_VNNI, True), (ONNXRUNTIME_X86, False)):
+        monkeypatch.setattr(requant.api, "host_kernel_model", lambda host=host: host)
+        result = requant.api.quantize(proto, {"x": x}, quantizer=conv_preset(), measure=False)
+        assert result.report["this_cpu"] == host.name
+        assert (
+            "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni" in result.report["summary"]
+        ) is hinted

@@ -42,6 +42,7 @@ from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, 
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary
+from requant.targets.kernels import ONNXRUNTIME_X86_VNNI, host_kernel_model
 from requant.targets.registry import DEFAULT_TARGET, Target, get_target
 
 __all__ = ["QuantizedModel", "calibrate", "convert", "prepare", "quantize"]
@@ -558,6 +559,8 @@ def quantize(
         report["accuracy_budget"] = budget
     if method_choice is not None:
         report["method_choice"] = method_choice
+    # what the machine quantizing computes (the model does not depend on it; the advice does)
+    report["this_cpu"] = host_kernel_model().name
     result = QuantizedModel(quantized, report)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
@@ -608,6 +611,12 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         )
     if report.get("weight_encoding", {}).get("kernels"):
         lines.append(f"int8 weights: {encoding_summary(report['weight_encoding'])}")
+        encodings = report["weight_encoding"]["kernels"]
+        if report.get("this_cpu") == ONNXRUNTIME_X86_VNNI.name and any(e["rescaled"] for e in encodings):
+            lines.append(
+                "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni keeps full-range int8 weights "
+                "(exact there, and more accurate; on CPUs without VNNI they can saturate)"
+            )
     lines += [
         lint_result.text(),
         f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
