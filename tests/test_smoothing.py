@@ -179,3 +179,23 @@ def test_the_cli_takes_an_alpha_and_refuses_a_wrong_one(tmp_path: Path) -> None:
     refused = run_cli(str(model), "-o", str(tmp_path / "bad.onnx"), "--calib", str(data), "--smoothing", "2")
     assert refused.returncode != 0 and "smoothing must be an alpha in [0, 1]" in refused.stderr
     assert not (tmp_path / "bad.onnx").exists()
+
+
+def test_a_gemm_with_transposed_weight_after_a_normalization_without_bias() -> None:
+    """Gemm(transB=1): the weight's input channels are its columns; a LayerNormalization with no bias
+    takes 1/s in its scale alone. The float model computes the same."""
+    rng = np.random.default_rng(3)
+    gamma = ", ".join(f"{v:.3f}" for v in [1, 1, 1, 1, 1, 1, 1, 12])
+    w = ", ".join(f"{v:.3f}" for v in rng.normal(size=24))
+    text = f"""<ir_version: 10, opset_import: ["" : 21]>
+    g (float[N, 8] x) => (float[N, 3] y) <float[8] gamma = {{{gamma}}}, float[3, 8] w = {{{w}}},
+        float[3] b = {{0.1, 0.2, 0.3}}> {{
+      n = LayerNormalization <axis = -1> (x, gamma)
+      y = Gemm <transB = 1> (n, w, b)
+    }}"""
+    model, data = _model(text), _data()
+    before = _outputs(model, data)
+    (record,) = smooth_linears(model, data, alpha=0.8).inputs
+    assert record.applied is not None and record.applied.startswith("folded into LayerNormalization")
+    np.testing.assert_allclose(_outputs(model, data), before, rtol=1e-5, atol=1e-5 * np.abs(before).max())
+    assert record.spread_after < record.spread_before / 3
