@@ -105,6 +105,19 @@ def test_keep_float_below_in_the_file_and_by_flag(tmp_path: Path) -> None:
     assert "kernel SQNR against float: lowest" in result.stdout
 
 
+def test_smoothing_in_the_file_and_by_flag(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nsmoothing = 0\n')
+    assert read_config(config).smoothing == 0.0
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report), "--no-measure"]
+    assert run_cli(*args, "--config", str(config)).returncode == 0
+    assert json.loads(report.read_text())["smoothing"] == {"alpha": None, "not_applied": "off", "inputs": []}
+    assert run_cli(*args, "--config", str(config), "--smoothing", "0.5").returncode == 0
+    section = json.loads(report.read_text())["smoothing"]
+    assert section["alpha"] == 0.5 and section["not_applied"].startswith("a convolutional model (2 convolutions")
+
+
 def test_named_configs_and_module_params(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(
@@ -156,6 +169,7 @@ activations = "float"
         ("method = 3", "method: expected a string, got 3"),
         ('bias_correction = "no"', "bias_correction: expected true or false"),
         ('keep_float_below = "high"', "keep_float_below: expected a number of dB"),
+        ('smoothing = "yes"', "smoothing: expected an alpha in [0, 1] (0: off), got 'yes'"),
         ("calib = [", "is not valid TOML"),
         ('preset = "INT9"', "preset: unknown preset 'INT9'; known: A16W8"),
         ('[[override]]\nop_type = "Conv"\nnode = "a"\nconfig = "float"', "override 1: needs exactly one of op_type"),
