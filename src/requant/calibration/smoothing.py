@@ -196,18 +196,21 @@ def smooth_linears(
             scaled = (np.asarray(w, np.float64) * s.reshape(shape)).astype(np.float32)
             li.weight.const_value = ir.Tensor(scaled, name=li.weight.name)
         if norm is not None:
-            for p in norm:
+            node, params = norm
+            for p in params:
                 p.const_value = ir.Tensor((np.asarray(constant(p), np.float64) / s).astype(np.float32), name=p.name)
-            applied = f"folded into LayerNormalization '{x.producer().name}' (its scale and bias)"  # type: ignore[union-attr]
+            applied = f"folded into LayerNormalization '{node.name}' (its scale and bias)"
         else:
-            applied = _insert_mul(graph, x, linears, s, taken)
-            muls.append(applied.split("'")[1])
+            muls.append(_insert_mul(graph, x, linears, s, taken))
+            applied = f"Mul '{muls[-1]}' before the linear layers"
         records.append(Smoothed(str(x.name), names, applied, None, int(act.size), before, after))
     return Smoothing(records, muls)
 
 
-def _norm_parameters(x: ir.Value, linears: list[_Linear], s: npt.NDArray[np.float64]) -> list[ir.Value] | None:
-    """The scale and bias of the LayerNormalization producing ``x``, when ``1 / s`` can be folded into
+def _norm_parameters(
+    x: ir.Value, linears: list[_Linear], s: npt.NDArray[np.float64]
+) -> tuple[ir.Node, list[ir.Value]] | None:
+    """The LayerNormalization producing ``x`` and its scale and bias, when ``1 / s`` can be folded into
     them: only ``linears`` read ``x``, and they are the normalization's own 1-d float constants."""
     norm = x.producer()
     readers = {id(li.node) for li in linears}
@@ -223,12 +226,13 @@ def _norm_parameters(x: ir.Value, linears: list[_Linear], s: npt.NDArray[np.floa
             return None
         if p.dtype not in FLOATS:
             return None
-    return params
+    return norm, params
 
 
 def _insert_mul(
     graph: ir.Graph, x: ir.Value, linears: list[_Linear], s: npt.NDArray[np.float64], taken: set[str | None]
 ) -> str:
+    """Insert ``Mul(x, 1 / s)`` before the linear layers, which read it instead of ``x``; its name."""
     base = str(x.name)
     inverse = ir.Tensor((1.0 / s).astype(np.float32), name=fresh_name(f"{base}/smoothing", taken))
     factor = ir.Value(name=inverse.name, shape=inverse.shape, type=ir.TensorType(inverse.dtype), const_value=inverse)
@@ -238,4 +242,4 @@ def _insert_mul(
     graph.insert_before(linears[0].node, mul)
     for li in linears:
         li.node.replace_input_with(0, out)
-    return f"Mul '{mul.name}' before the linear layers"
+    return str(mul.name)
