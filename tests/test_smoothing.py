@@ -199,3 +199,23 @@ def test_a_gemm_with_transposed_weight_after_a_normalization_without_bias() -> N
     assert record.applied is not None and record.applied.startswith("folded into LayerNormalization")
     np.testing.assert_allclose(_outputs(model, data), before, rtol=1e-5, atol=1e-5 * np.abs(before).max())
     assert record.spread_after < record.spread_before / 3
+
+
+def test_compare_matches_a_smoothed_input_with_its_float_tensor_times_the_factor(tmp_path: Path) -> None:
+    """The quantized model quantizes n / s, which the float model does not compute: compare reads the
+    smoothing Mul's constant and compares n * (1 / s) with what the int8 kernel gets; the SQNR is the
+    input rounding's (uint8 over a range that is no longer dominated by one channel)."""
+    text = MLP.replace("(float[N, 4] y)", "(float[N, 4] y, float[N, 8] r)").replace(
+        "  y = MatMul (h, w2)\n", "  y = MatMul (h, w2)\n  r = Add (n, x)\n"
+    )
+    float_path, quant_path = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(ir.serde.serialize_model(_model(text)), float_path)
+    data = _data()
+    requant.quantize(str(float_path), data, measure=False, output=str(quant_path), progress=lambda d, t: None)
+    rows = {r.name: r for r in requant.compare(float_path, quant_path, data)}
+    assert rows["n"].quantized_as.endswith("times 8 per-channel factors (smoothed)")
+    assert 35 < rows["n"].sqnr_db < 60 and rows["n"].cosine > 0.999  # measured: 44.3 dB
+    plain = tmp_path / "plain.onnx"
+    requant.quantize(str(float_path), data, measure=False, output=str(plain), smoothing=0, progress=lambda d, t: None)
+    unsmoothed = {r.name: r for r in requant.compare(float_path, plain, data)}["n"]
+    assert "smoothed" not in unsmoothed.quantized_as and unsmoothed.sqnr_db < rows["n"].sqnr_db - 4  # 38.5 dB

@@ -2,7 +2,10 @@
 
 Each ``QuantizeLinear`` of the quantized model with constant parameters marks a tensor both models
 compute: its input is the float tensor of that name (or the value requant recorded on it, where it
-dropped a clamp the QuantizeLinear makes redundant: :func:`requant.ir.provenance.quantizes`). Both
+dropped a clamp the QuantizeLinear makes redundant: :func:`requant.ir.provenance.quantizes`), or,
+when that name is not the float model's and the QuantizeLinear reads ``Mul(x, constant)`` (the
+per-channel scale of smoothing: requant's, or NNCF's SmoothQuant), the float tensor ``x`` times that
+constant. Both
 models run on the same samples; the quantized one as ONNX Runtime fuses it (its int8 kernels,
 saturation included: the QuantizeLinear outputs are what the fused kernels produce), its integers
 dequantized here with the QuantizeLinear's scale and zero point. Per tensor: SQNR (float energy over error energy, dB),
@@ -17,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -70,10 +73,32 @@ class TensorComparison:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
-def _quantized_tensors(model: ir.Model) -> dict[str, tuple[str, np.ndarray, np.ndarray, int | None]]:
-    """Float tensor name -> (QuantizeLinear output, scale, zero point, axis) for each QuantizeLinear of an
-    activation with constant parameters."""
-    found: dict[str, tuple[str, np.ndarray, np.ndarray, int | None]] = {}
+class _Mark(NamedTuple):
+    """A QuantizeLinear: its output, parameters, and, when it reads ``Mul(x, constant)``, that ``x``
+    and the constant (``scaled``)."""
+
+    output: str
+    scale: np.ndarray
+    zero: np.ndarray
+    axis: int | None
+    scaled: tuple[str, np.ndarray] | None = None
+
+
+def _scaled(value: ir.Value) -> tuple[str, np.ndarray] | None:
+    """(x, c) when ``value`` is ``Mul(x, c)`` with ``c`` constant and ``x`` not."""
+    mul = value.producer()
+    if mul is None or not is_op(mul, "Mul") or len(mul.inputs) != 2:
+        return None
+    for x, c in (mul.inputs, mul.inputs[::-1]):
+        factor = constant(c)
+        if x is not None and factor is not None and constant(x) is None:
+            return str(x.name), np.asarray(factor, np.float64)
+    return None
+
+
+def _quantized_tensors(model: ir.Model) -> dict[str, _Mark]:
+    """Float tensor name -> its mark, for each QuantizeLinear of an activation with constant parameters."""
+    found: dict[str, _Mark] = {}
     for node in model.graph:
         if not is_op(node, "QuantizeLinear") or node.inputs[0] is None or node.inputs[0].const_value is not None:
             continue
@@ -83,8 +108,9 @@ def _quantized_tensors(model: ir.Model) -> dict[str, tuple[str, np.ndarray, np.n
             continue
         axis = node.attributes.get("axis")
         zero_point = zero if zero is not None else np.zeros_like(scale, dtype=np.uint8)
-        found.setdefault(quantizes(node), (str(node.outputs[0].name), scale, zero_point,
-                                                    axis.as_int() if axis is not None else None))  # fmt: skip
+        on_axis = axis.as_int() if axis is not None else None
+        mark = _Mark(str(node.outputs[0].name), scale, zero_point, on_axis, _scaled(node.inputs[0]))
+        found.setdefault(quantizes(node), mark)
     return found
 
 
@@ -134,24 +160,29 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
     # requant renames a quantized graph output's float value NAME_float (the output keeps NAME)
     marks = {(n.removesuffix("_float") if n not in float_names and n.removesuffix("_float") in float_names else n): m
              for n, m in marks.items()}  # fmt: skip
+    for name, mark in list(marks.items()):  # a smoothed input: the float tensor before its per-channel Mul
+        if name not in float_names and mark.scaled is not None and mark.scaled[0] in float_names:
+            marks.setdefault(mark.scaled[0], marks.pop(name))
     common = [name for name in marks if name in float_names]
     if not common:
         raise CompareError(
             "the quantized model quantizes no tensor the float model computes (compared by name: the input of "
             "each QuantizeLinear); is it a QDQ model of this float model?"
         )
-    results = {name: TensorComparison(name, _describe(marks[name])) for name in common}
+    results = {name: TensorComparison(name, _describe(marks[name], name)) for name in common}
     inputs = {str(v.name) for v in reference.graph.inputs}
     computed = [name for name in common if name not in inputs]  # the inputs' values are the sample's
     float_run = session(_with_outputs(reference, computed))
-    quant_run = session(_with_outputs(quantized, [marks[n][0] for n in common]))
+    quant_run = session(_with_outputs(quantized, [marks[n].output for n in common]))
     for sample in itertools.islice(iter_samples(reference, data, "comparison"), samples):
         f = dict(zip(computed, float_run.run(computed, sample), strict=True)) if computed else {}
         f.update({name: sample[name] for name in common if name in inputs})
-        q = quant_run.run([marks[n][0] for n in common], sample)
+        q = quant_run.run([marks[n].output for n in common], sample)
         for name, stored in zip(common, q, strict=True):
-            _, scale, zero, axis = marks[name]
-            results[name].update(f[name], _dequantize(np.asarray(stored), scale, zero, axis))
+            mark = marks[name]
+            smoothed = mark.scaled is not None and mark.scaled[0] == name
+            expected = f[name] * mark.scaled[1] if smoothed else f[name]  # type: ignore[index]
+            results[name].update(expected, _dequantize(np.asarray(stored), mark.scale, mark.zero, mark.axis))
     for result in results.values():
         result.finish()
     for name, sources in _sources(reference, set(common)).items():
@@ -162,11 +193,13 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
     return sorted(results.values(), key=lambda r: (r.sqnr_db, r.name))
 
 
-def _describe(mark: tuple[str, np.ndarray, np.ndarray, int | None]) -> str:
-    _, scale, zero, axis = mark
-    if scale.size == 1:
-        return f"{zero.dtype}, scale {float(scale):.4g}, zero point {int(zero)}"
-    return f"{zero.dtype}, {scale.size} scales on axis {axis}"
+def _describe(mark: _Mark, name: str) -> str:
+    scale, zero = mark.scale, mark.zero
+    text = f"{zero.dtype}, scale {float(scale):.4g}, zero point {int(zero)}" if scale.size == 1 else (
+        f"{zero.dtype}, {scale.size} scales on axis {mark.axis}")  # fmt: skip
+    if mark.scaled is not None and mark.scaled[0] == name:
+        text += f", times {mark.scaled[1].size} per-channel factors (smoothed)"
+    return text
 
 
 def _dequantize(stored: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int | None) -> np.ndarray:
