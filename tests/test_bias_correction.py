@@ -135,6 +135,23 @@ def test_a_second_calibration_reuses_the_statistics_of_the_first() -> None:
     assert cache.samples == 1347
 
 
+def test_other_methods_are_observed_in_the_same_pass() -> None:
+    """method="auto"'s candidates share one pass over the data: a calibration with a method observed
+    ``also`` runs nothing, and gives what calibrating with that method alone gives."""
+    from requant.api import calibrate, prepare
+    from requant.calibration.calibrate import StatisticsCache
+
+    cache = StatisticsCache()
+    first, _ = prepare(DIGITS / "digits_cnn.onnx")
+    calibrate(first, DIGITS / "calib.npz", method="minmax", cache=cache, also=("mean_minmax",))
+    second, _ = prepare(DIGITS / "digits_cnn.onnx")
+    shared = calibrate(second, [], method="mean_minmax", cache=cache)  # an empty data set: an error, were it read
+    alone, _ = prepare(DIGITS / "digits_cnn.onnx")
+    expected = calibrate(alone, DIGITS / "calib.npz", method="mean_minmax")
+    assert [c.__dict__ for c in shared] == [c.__dict__ for c in expected]
+    assert {c.observer for c in shared if c.kind == "activation"} == {"mean_minmax", "minmax"}  # (edges: minmax)
+
+
 def test_large_inputs_are_measured_on_fewer_samples() -> None:
     """The means are over samples and positions: 64 images' worth of values, at least 8 samples."""
     from requant.calibration.bias_correction import samples_for

@@ -216,9 +216,11 @@ def _run(
     cache: StatisticsCache,
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
     smoothing: float | None = None,
+    also: tuple[str, ...] = (),
 ) -> _Run:
     """``float_info``: the float model (or None) and its size from an earlier run of the same model;
-    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed)."""
+    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed); ``also``: other
+    calibration methods observed in the same pass, for later runs (``method="auto"``)."""
     keep = keep_float_proto if float_info is None else None
     smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
     prepared, quantizer_report, measured, smoothed = _prepare(
@@ -227,7 +229,7 @@ def _run(
     float_info = float_info or measured
     assert float_info is not None
     float_proto, float_size = float_info
-    chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
+    chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache, also)
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
     converted = _convert(prepared, target, kernel_data, progress=kernel_progress, correct=correct)
@@ -485,12 +487,14 @@ def quantize(
 
     method_choice: dict[str, Any] | None = None
     runs: dict[str, _Run] = {}
-    for candidate in AUTO_METHODS if method == "auto" else (method,):
+    candidates = AUTO_METHODS if method == "auto" else (method,)
+    for candidate in candidates:
         earlier = next(iter(runs.values()), None)
         known = (earlier.float_proto, earlier.float_size) if earlier else None
+        also = tuple(str(m) for m in candidates[1:]) if earlier is None else ()  # one pass over the data for all
         runs[str(candidate)] = _run(model, quantizer, chosen_target, strict, calibration_data, candidate, progress,
                                     measure_kernels, bias_correction, keep_float_proto, load_options, cache, known,
-                                    smoothing)  # fmt: skip
+                                    smoothing, also)  # fmt: skip
     if method == "auto":
         method, method_choice = _choose_method(runs, calibration_data)  # `again` quantizes with it too
         log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])

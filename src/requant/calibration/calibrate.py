@@ -74,18 +74,46 @@ class StatisticsCache:
     channels: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class _Fanout(Observer):
+    """Several observers of one tensor fed in the same pass (each keeps its own statistics)."""
+
+    def __init__(self, observers: list[Observer]) -> None:
+        self.observers = observers
+        self.batchable = all(o.batchable for o in observers)
+
+    def update(self, array: Any) -> None:
+        for observer in self.observers:
+            observer.update(array)
+
+
+def _activation_spec(value: ir.Value, requested: QuantizationSpec, method: str | None) -> QuantizationSpec:
+    """The spec an activation is observed with: ``method``'s observer, except at the model's own inputs
+    and outputs, observed over their whole range (minmax) whatever the method."""
+    spec = dataclasses.replace(requested, observer=method) if method is not None else requested
+    if (value.is_graph_output() or value.is_graph_input()) and spec.observer != "minmax":
+        spec = dataclasses.replace(spec, observer="minmax", observer_options={})
+    return spec
+
+
+def _new_observer(spec: QuantizationSpec) -> Observer:
+    return MinMaxObserver(spec.axis) if spec.granularity != "per_tensor" else make_observer(spec)
+
+
 def calibrate(
     model: ir.Model,
     data: Any,
     method: str | None = None,
     progress: Progress | None = None,
     cache: StatisticsCache | None = None,
+    also: tuple[str, ...] = (),
 ) -> list[Calibrated]:
     """Annotate every value that asks for a ``QuantizationSpec`` with its calibrated type.
 
     ``method`` replaces the observer of activation requests (weights always use min/max).
     ``cache`` (filled here): a value asking what it asked in an earlier calibration of the same
     model and data is not observed again, and when none is new the data is not run at all.
+    ``also``: other methods whose statistics go into ``cache`` from the same pass over the data (a
+    later calibration with one of them then runs nothing).
     """
     graph = model.graph
     records: list[Calibrated] = []
@@ -102,14 +130,18 @@ def calibrate(
             set_quant_type(value, t)
             records.append(Calibrated(str(value.name), str(t), "minmax", "weight"))
             continue
-        spec = dataclasses.replace(r, observer=method) if method is not None else r
-        if (value.is_graph_output() or value.is_graph_input()) and spec.observer != "minmax":
-            spec = dataclasses.replace(spec, observer="minmax", observer_options={})  # the model's edges: whole range
+        spec = _activation_spec(value, r, method)
         name = str(value.name)
         observer = cache.observers.get((name, spec)) if cache is not None else None
         if observer is None:  # not observed in an earlier calibration: observed now
-            per_axis = spec.granularity != "per_tensor"
-            observer = fresh[name] = MinMaxObserver(spec.axis) if per_axis else make_observer(spec)
+            observer = fresh[name] = _new_observer(spec)
+            if cache is not None:
+                others: dict[QuantizationSpec, Observer] = {}
+                for other in (_activation_spec(value, r, m) for m in also):
+                    if other != spec and other not in others and (name, other) not in cache.observers:
+                        others[other] = _new_observer(other)
+                cache.observers.update({(name, s): o for s, o in others.items()})
+                fresh[name] = _Fanout([observer, *others.values()]) if others else observer
         pending[name] = (value, spec, observer)
     count = collect(model, data, fresh, progress) if fresh or cache is None else cache.samples
     if cache is not None:
