@@ -445,8 +445,8 @@ def quantize(
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     ``max_drop``: an accuracy budget on ``eval_data`` (``metric``: ``accuracy`` with labels, ``top1``
     agreement or ``cosine``; by default accuracy when the data has labels, else top-1): if the int8
-    model loses more, the fewest kernels with the lowest measured SQNR are kept float, quantizing
-    and evaluating again until the drop is within it (:mod:`requant.report.budget`; each try in the
+    model loses more, the fewest kernels with the largest measured effect on the output are kept
+    float, quantizing and evaluating again until the drop is within it (:mod:`requant.report.budget`; each try in the
     report). Not with ``keep_float_below``.
     ``smoothing``: the alpha (in (0, 1]) with which each linear layer's input channels are evened out
     against its weight's rows before quantizing (SmoothQuant, :mod:`requant.calibration.smoothing`);
@@ -480,21 +480,21 @@ def quantize(
     measure_kernels = bias_correction or keep_float_below is not None or max_drop is not None
     cache = StatisticsCache()  # later passes (keep_float_below, max_drop) reuse the first one's statistics
 
+    def quantize_with(how: Quantizer, by: str | None, first: _Run | None, also: tuple[str, ...] = ()) -> _Run:
+        known = (first.float_proto, first.float_size) if first is not None else None  # the float model, once
+        return _run(model, how, chosen_target, strict, calibration_data, by, progress, measure_kernels,
+                    bias_correction, keep_float_proto, load_options, cache, known, smoothing, also)  # fmt: skip
+
     def again(first: _Run, floats: list[str]) -> _Run:
-        return _run(model, quantizer.with_float_nodes(floats), chosen_target, strict, calibration_data, method,
-                    progress, measure_kernels, bias_correction, keep_float_proto, load_options, cache,
-                    (first.float_proto, first.float_size), smoothing)  # fmt: skip
+        return quantize_with(quantizer.with_float_nodes(floats), method, first)
 
     method_choice: dict[str, Any] | None = None
     runs: dict[str, _Run] = {}
     candidates = AUTO_METHODS if method == "auto" else (method,)
     for candidate in candidates:
-        earlier = next(iter(runs.values()), None)
-        known = (earlier.float_proto, earlier.float_size) if earlier else None
-        also = tuple(str(m) for m in candidates[1:]) if earlier is None else ()  # one pass over the data for all
-        runs[str(candidate)] = _run(model, quantizer, chosen_target, strict, calibration_data, candidate, progress,
-                                    measure_kernels, bias_correction, keep_float_proto, load_options, cache, known,
-                                    smoothing, also)  # fmt: skip
+        first = next(iter(runs.values()), None)
+        also = tuple(str(m) for m in candidates[1:]) if first is None else ()  # one pass over the data for all
+        runs[str(candidate)] = quantize_with(quantizer, candidate, first, also)
     if method == "auto":
         method, method_choice = _choose_method(runs, calibration_data)  # `again` quantizes with it too
         log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])

@@ -188,20 +188,20 @@ class MeanMinMaxObserver(MinMaxObserver):
     def update(self, array: Array) -> None:
         sample = MinMaxObserver(self.axis)
         sample.update(array)
-        if sample.lo is None or sample.hi is None or np.isnan(sample.lo).any():
-            return
-        self.count += 1
-        self.sum_lo = sample.lo if self.sum_lo is None else self.sum_lo + sample.lo
-        self.sum_hi = sample.hi if self.sum_hi is None else self.sum_hi + sample.hi
-        self.lo, self.hi = self.sum_lo / self.count, self.sum_hi / self.count
+        if sample.lo is not None and sample.hi is not None and not np.isnan(sample.lo).any():
+            self._add(1, sample.lo, sample.hi)
 
     def merge(self, other: Observer) -> None:
         assert isinstance(other, MeanMinMaxObserver)
         if other.count and other.sum_lo is not None and other.sum_hi is not None:
-            self.count += other.count
-            self.sum_lo = other.sum_lo if self.sum_lo is None else self.sum_lo + other.sum_lo
-            self.sum_hi = other.sum_hi if self.sum_hi is None else self.sum_hi + other.sum_hi
-            self.lo, self.hi = self.sum_lo / self.count, self.sum_hi / self.count
+            self._add(other.count, other.sum_lo, other.sum_hi)
+
+    def _add(self, count: int, sum_lo: Array, sum_hi: Array) -> None:
+        """Add ``count`` samples' summed extremes; the range is their mean."""
+        self.count += count
+        self.sum_lo = sum_lo if self.sum_lo is None else self.sum_lo + sum_lo
+        self.sum_hi = sum_hi if self.sum_hi is None else self.sum_hi + sum_hi
+        self.lo, self.hi = self.sum_lo / self.count, self.sum_hi / self.count
 
     def seen(self) -> dict[str, Any] | None:
         seen = super().seen()

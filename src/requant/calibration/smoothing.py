@@ -38,6 +38,7 @@ import onnx_ir as ir
 from requant.calibration.observers import MinMaxObserver
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import constant, fresh_name, graph_values, weighted_layers
+from requant.passes._rewrite import new_initializer
 
 __all__ = ["DEFAULT_ALPHA", "Smoothed", "Smoothing", "linear_groups", "smooth_linears"]
 
@@ -81,6 +82,7 @@ class _Linear:
     node: ir.Node
     weight: ir.Value
     axis: int  # the weight's input-channel axis: 0 for X @ W, 1 for a Gemm with transB
+    channels: int  # its size on that axis
 
 
 def _linear(node: ir.Node) -> _Linear | None:
@@ -97,7 +99,8 @@ def _linear(node: ir.Node) -> _Linear | None:
         if node.attributes.get_int("transA", 0):
             return None
         axis = 1 if node.attributes.get_int("transB", 0) else 0
-    return _Linear(node, w, axis)
+    assert w.const_value is not None  # an initializer with data (constant() above)
+    return _Linear(node, w, axis, w.const_value.shape.numpy()[axis])
 
 
 def linear_groups(graph: ir.Graph) -> dict[ir.Value, list[_Linear]]:
@@ -116,7 +119,7 @@ def _why_not(x: ir.Value, linears: list[_Linear]) -> str | None:
         others = [u.node for u in li.weight.uses() if id(u.node) not in nodes]
         if others:
             return f"its weight '{li.weight.name}' is also read by node '{others[0].name}'"
-    sizes = {constant(li.weight).shape[li.axis] for li in linears}  # type: ignore[union-attr]
+    sizes = {li.channels for li in linears}
     if len(sizes) != 1:
         return f"its linear layers disagree on the number of input channels ({sorted(sizes)})"
     if x.dtype is not None and x.dtype not in FLOATS:  # (unknown: float32, as its weight is)
@@ -234,9 +237,8 @@ def _insert_mul(
 ) -> str:
     """Insert ``Mul(x, 1 / s)`` before the linear layers, which read it instead of ``x``; its name."""
     base = str(x.name)
-    inverse = ir.Tensor((1.0 / s).astype(np.float32), name=fresh_name(f"{base}/smoothing", taken))
-    factor = ir.Value(name=inverse.name, shape=inverse.shape, type=ir.TensorType(inverse.dtype), const_value=inverse)
-    graph.register_initializer(factor)
+    factor = new_initializer(graph, f"{base}/smoothing", (1.0 / s).astype(np.float32))
+    taken.add(factor.name)
     out = ir.Value(name=fresh_name(f"{base}/smoothed", taken), shape=x.shape, type=x.type)
     mul = ir.Node("", "Mul", [x, factor], outputs=[out], name=fresh_name(f"{base}/smooth", taken))
     graph.insert_before(linears[0].node, mul)

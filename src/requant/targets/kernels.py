@@ -114,8 +114,9 @@ VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # as Linux name
 def host_kernel_model(cpuinfo: str | None = None) -> KernelModel:
     """The kernel model of the CPU this runs on (``cpuinfo``: the text of ``/proc/cpuinfo``, read when
     None): with VNNI when its flags name one of ``VNNI_FLAGS``, else without (also when they cannot be
-    read: the model that proves less). For measuring and testing what this CPU computes; quantizing
-    never calls it (outputs do not depend on the machine)."""
+    read: the model that proves less). For measuring and testing what this CPU computes, and for the
+    report's advice (``this_cpu``); the quantized model never depends on it (the same bytes on every
+    machine)."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         if platform.machine().lower() not in ("x86_64", "amd64") or not path.is_file():
