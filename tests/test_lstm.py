@@ -130,3 +130,17 @@ def test_recurrent_ops_without_an_int8_kernel_stay_float_with_the_reason(op: str
     assert [n.op_type for n in quantized.model.graph] == [op]
     decisions = [d for q in quantized.report["quantizers"]["quantizers"] for d in q["decisions"]]
     assert any(d["status"] == "rejected" and reason in d["reason"] for d in decisions), decisions
+
+
+def test_auto_takes_the_first_method_without_measuring_when_both_give_the_same_model() -> None:
+    model = _adversarial_lstm(op="GRU")  # stays float: nothing to calibrate, so both methods agree
+    calibration = [{"x": x} for x in np.random.default_rng(0).uniform(0, 1, (8, 4, 1, 16)).astype(np.float32)]
+    quantized = requant.quantize(model, calibration, method="auto", measure=False)
+    choice = quantized.report["method_choice"]
+    assert choice == {
+        "chosen": "minmax",
+        "output_sqnr_db": {},
+        "samples": 0,
+        "why": "the candidates are the same model",
+    }
+    assert "method: auto -> minmax (the candidates are the same model)" in quantized.report["summary"]

@@ -289,6 +289,9 @@ def _choose_method(runs: Mapping[str, _Run], calibration_data: Any) -> tuple[str
     samples, and the record of the choice."""
     first = next(iter(runs.values()))
     assert first.float_proto is not None
+    if len({r.converted.proto.SerializeToString() for r in runs.values()}) == 1:  # e.g. no activation quantized
+        chosen, why = next(iter(runs)), "the candidates are the same model"
+        return chosen, {"chosen": chosen, "output_sqnr_db": {}, "samples": 0, "why": why}
     samples = list(itertools.islice(iter_samples(first.converted.model, calibration_data), RANKING_SAMPLES))
     probe = _Reference(session(first.float_proto))  # its float outputs computed once, for every candidate
     scores = {
@@ -595,7 +598,9 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     if report["quantizers"].get("preset_choice"):
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
     choice = report.get("method_choice")
-    if choice:
+    if choice and choice.get("why"):
+        lines.append(f"method: auto -> {choice['chosen']} ({choice['why']})")
+    elif choice:
         scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
         lines.append(
             f"method: auto -> {choice['chosen']} (the output's SQNR against float on {choice['samples']} "

@@ -76,8 +76,10 @@ def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Mode
     if isinstance(source, ir.Model):
         load_annotations(source)
         return source
-    if isinstance(source, onnx.ModelProto):
-        return _finish(source, what, path=None)
+    if isinstance(source, onnx.ModelProto):  # a copy: onnx-ir's tensors write names through to their proto
+        proto = onnx.ModelProto()
+        proto.CopyFrom(source)
+        return _finish(proto, what, path=None)
     if isinstance(source, (bytes, bytearray)):
         proto = onnx.ModelProto()
         try:
