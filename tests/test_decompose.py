@@ -266,11 +266,15 @@ def test_a_spatial_mean_becomes_an_int8_global_average_pool() -> None:
     assert np.abs(int8_y - float_y).max() < 0.05 * np.abs(float_y).max()
 
 
-def test_a_model_given_as_a_proto_is_left_as_it_was() -> None:
+def test_a_model_given_as_a_proto_or_an_onnx_ir_model_is_left_as_it_was() -> None:
     # onnx-ir's initializers write a renamed value's name through to their TensorProto: quantizing
     # renamed the caller's bias 'B' to 'B_float' before the loader copied the proto it is given
     model = _stems()
     before = model.SerializeToString()
     x = np.random.default_rng(5).uniform(0, 1, (8, 3, 16, 16)).astype(np.float32)
     requant.api.quantize(model, {"X": x}, measure=False)
+    assert model.SerializeToString() == before
+    given = ir.from_proto(model)  # an onnx-ir model is cloned, but its clone shares the tensors
+    requant.api.quantize(given, {"X": x}, measure=False)
+    assert [v.const_value.name for v in given.graph.initializers.values()] == ["W", "W5", "W8", "B"]  # type: ignore[union-attr]
     assert model.SerializeToString() == before

@@ -157,7 +157,9 @@ def _probe(
         params = []
         for value in kernel.inputs[1:3]:
             assert value is not None and value.name is not None
-            param = ir.Value(name=fresh_name(f"{value.name}_float", taken), const_value=floats[value.name])
+            # a tensor of its own: naming a value renames its tensor, and this one may be the caller's
+            tensor = ir.Tensor(floats[value.name].numpy())
+            param = ir.Value(name=fresh_name(f"{value.name}_float", taken), const_value=tensor)
             probe.graph.register_initializer(param)
             params.append(param)
         attributes = {a.name: a.value for a in original.attributes.values()}
