@@ -443,11 +443,12 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     onnxruntime.set_global_thread_pool_sizes(2, 1)  # one pool for every session: 2 threads, spinning as usual
+    from ort_without_vnni import MARKER  # (this script's folder is first on sys.path)
     from requant.targets.kernels import ONNXRUNTIME_X86, host_kernel_model
 
     # what this runtime computes: int16 pairs without VNNI, exact with; bench/ort_without_vnni.py's copy
     # of ONNX Runtime runs the kernels of a CPU without VNNI on any CPU
-    masked = (Path(onnxruntime.__file__).parent / "REQUANT_WITHOUT_VNNI").is_file()
+    masked = (Path(onnxruntime.__file__).parent / MARKER).is_file()
     cpu = ONNXRUNTIME_X86.name + " (bench/ort_without_vnni.py)" if masked else host_kernel_model().name
     print(f"onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores; {cpu}; latency: batch 1, 2 threads, "
           "interleaved")  # fmt: skip

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 MARKER = "REQUANT_WITHOUT_VNNI"  # tests/host.py reads it
+ROOT = Path(__file__).parent.parent
 COPIES = 4  # MLAS_PLATFORM's constructor, inlined four times in ONNX Runtime 1.31.1's Python module
 
 # mov eax, 7; mov ecx, 1; cpuid; test al, 0x10 (AVX-VNNI); je rel8
@@ -61,22 +62,12 @@ def patch(module: bytes) -> tuple[bytes, int]:
 
 
 def saturates(pythonpath: Path) -> bool:
-    """In a fresh interpreter with ``pythonpath`` first: does MatMulInteger add in int16 pairs?"""
-    probe = (
-        "import numpy as np, onnxruntime as ort\n"
-        "from onnx import TensorProto, helper\n"
-        "g = helper.make_graph([helper.make_node('MatMulInteger', ['a', 'b'], ['y'])], 'p',\n"
-        "    [helper.make_tensor_value_info('a', TensorProto.UINT8, [1, 64]),\n"
-        "     helper.make_tensor_value_info('b', TensorProto.INT8, [64, 1])],\n"
-        "    [helper.make_tensor_value_info('y', TensorProto.INT32, [1, 1])])\n"
-        "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 13)], ir_version=8)\n"
-        "s = ort.InferenceSession(m.SerializeToString(), providers=['CPUExecutionProvider'])\n"
-        "y = s.run(None, {'a': np.full((1, 64), 255, np.uint8), 'b': np.full((64, 1), 127, np.int8)})[0]\n"
-        "print(int(y[0, 0]))\n"
-    )
+    """In a fresh interpreter with ``pythonpath`` first: does MatMulInteger add in int16 pairs? (The
+    tests' probe, ``tests/host.py``.)"""
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    run = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, env=env)
-    return int(run.stdout) != 255 * 127 * 64
+    probe = "from tests.host import PAIRS_SATURATE; print(PAIRS_SATURATE)"
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True, capture_output=True, text=True, env=env)
+    return run.stdout.strip() == "True"
 
 
 def main() -> None:
@@ -89,19 +80,19 @@ def main() -> None:
     source = Path(spec.origin).parent
     if (source / MARKER).exists():
         raise SystemExit(f"{source} is already a patched copy: run this with the installed onnxruntime")
+    module = next((source / "capi").glob("onnxruntime_pybind11_state*.so"))
+    patched, count = patch(module.read_bytes())  # before anything is written: a refusal leaves nothing
+    if count != COPIES:
+        raise SystemExit(f"found {count} copies of MLAS's CPU dispatch, expected {COPIES}: ONNX Runtime changed")
     target = args.folder / "onnxruntime"
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    module = next((target / "capi").glob("onnxruntime_pybind11_state*.so"))
-    patched, count = patch(module.read_bytes())
-    if count != COPIES:
-        shutil.rmtree(target)
-        raise SystemExit(f"found {count} copies of MLAS's CPU dispatch, expected {COPIES}: ONNX Runtime changed")
-    module.write_bytes(patched)
+    (target / module.relative_to(source)).write_bytes(patched)
     (target / MARKER).write_text("MLAS's AVX-VNNI and AVX-512 kernels disabled by bench/ort_without_vnni.py\n")
     if not saturates(args.folder.resolve()):
-        raise SystemExit(f"{target}: patched, but MatMulInteger still adds in int32")
+        shutil.rmtree(target)
+        raise SystemExit(f"{target}: patched, but MatMulInteger still adds in int32; removed")
     print(f"PYTHONPATH={args.folder.resolve()}")
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from bench.ort_without_vnni import MARKER
 from onnx import TensorProto, helper
 
 from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, KernelModel
 
-# the marker bench/ort_without_vnni.py leaves in the copy of ONNX Runtime it patches
-WITHOUT_VNNI_MARKER = "REQUANT_WITHOUT_VNNI"
-MASKED = (Path(ort.__file__).parent / WITHOUT_VNNI_MARKER).is_file()
+# the copy of ONNX Runtime bench/ort_without_vnni.py patches carries its marker
+MASKED = (Path(ort.__file__).parent / MARKER).is_file()
 
 
 def _probe() -> KernelModel:
