@@ -162,3 +162,52 @@ def test_large_inputs_are_measured_on_fewer_samples() -> None:
         samples_for(4 * image, 64) == 16 and samples_for(3 * 736 * 992, 64) == 8 and samples_for(100 * image, 64) == 8
     )
     assert samples_for(100 * image, 5) == 5  # never more than there are
+
+
+def test_the_shift_and_sqnr_are_those_of_every_row_and_position() -> None:
+    """The probe reduces each kernel's outputs in the graph (sums per channel, sums of squares, element
+    counts): on samples of different batch sizes the measured mean shift and local SQNR are those of
+    all rows and positions together, as NumPy computes them from the quantized model's integers."""
+    rng = np.random.default_rng(1)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4,5,5] x) => (float[N,8,5,5] y) { y = Conv(x, w, b) }'
+    )
+    weight = rng.standard_normal((8, 4, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])
+    data = [{"x": rng.uniform(1, 3, (rows, 4, 5, 5)).astype(np.float32)} for rows in (1, 3, 2)]
+    quantizer = Quantizer().set_global(PRESETS[DEFAULT_PRESET])
+    plain = ir.to_proto(
+        requant.api.quantize(proto, data, quantizer=quantizer, measure=False, bias_correction=False).model
+    )
+    report = requant.api.quantize(proto, data, quantizer=quantizer, measure=False).report
+    (kernel,) = report["bias_correction"]["kernels"]
+
+    inits = {t.name: onnx.numpy_helper.to_array(t).astype(np.float64) for t in plain.graph.initializer}
+    nodes = {o: n for n in plain.graph.node for o in n.output}
+    conv = next(n for n in plain.graph.node if n.op_type == "Conv")
+    dq_x, dq_w, dq_b = (nodes[i] for i in conv.input)
+
+    def dequantized(dq: onnx.NodeProto, q: np.ndarray) -> np.ndarray:
+        scale, zero = inits[dq.input[1]], inits[dq.input[2]] if len(dq.input) > 2 else 0.0
+        shape = (-1,) + (1,) * (q.ndim - 1) if np.ndim(scale) else ()
+        return (q - np.reshape(zero, shape)) * np.reshape(scale, shape)
+
+    w_q, b_q = dequantized(dq_w, inits[dq_w.input[0]]), dequantized(dq_b, inits[dq_b.input[0]])
+    x_scale, x_zero = inits[dq_x.input[1]], inits[dq_x.input[2]]
+    diffs, floats = [], []
+    for sample in data:
+        x = sample["x"].astype(np.float64)
+        x_q = (np.clip(np.rint(x / x_scale) + x_zero, 0, 255) - x_zero) * x_scale
+        quantized = np.einsum("nchw,oc->nohw", x_q, w_q[:, :, 0, 0]) + b_q[None, :, None, None]
+        reference = np.einsum("nchw,oc->nohw", x, weight[:, :, 0, 0].astype(np.float64)) + bias[None, :, None, None]
+        diffs.append(quantized - reference)
+        floats.append(reference)
+    diff = np.concatenate(diffs)
+    shift = np.abs(diff.mean(axis=(0, 2, 3)))
+    sqnr = 10 * np.log10(np.sum(np.concatenate(floats) ** 2) / np.sum(diff**2))
+    assert kernel["samples"] == 3 and kernel["channels"] == 8
+    assert np.isclose(kernel["mean_shift"], shift.mean(), rtol=1e-3) and np.isclose(
+        kernel["max_shift"], shift.max(), rtol=1e-3
+    )
+    assert np.isclose(kernel["sqnr_db"], sqnr, atol=0.01)

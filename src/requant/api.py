@@ -24,14 +24,20 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
-from requant.calibration.bias_correction import DEFAULT_SAMPLES, BiasCorrection, correct_biases, float_parameters
+from requant.calibration.bias_correction import (
+    DEFAULT_SAMPLES,
+    BiasCorrection,
+    correct_biases,
+    float_parameters,
+    samples_for,
+)
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
 from requant.calibration.data import Replayed, check_exists, iter_samples, read_labels
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.smoothing import DEFAULT_ALPHA, Smoothing, smooth_linears
-from requant.calibration.weight_encoding import WeightEncoding
+from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding
 from requant.errors import ArgumentError, RequantError
 from requant.frontends import LoadError, check_outputs, load, save_onnx, serialized_size
 from requant.ir.annotations import iter_values
@@ -180,13 +186,49 @@ def _convert(
     correct: bool = True,
 ) -> _Converted:
     """``convert``, with what the report needs besides."""
-    propagation = propagate(model, target.kernels)
-    floats = float_parameters(model) if bias_data is not None else {}
-    model = materialize_qdq(model)
-    kernels = correct_biases(model, floats, bias_data, bias_samples, progress, correct) if bias_data is not None else []
+    return _finish(_stage(model, target, bias_data is not None), bias_data, bias_samples, progress, correct)
+
+
+@dataclass
+class _Staged:
+    """A calibrated model with its QDQ written, before bias correction and the final rewrites."""
+
+    model: ir.Model
+    notes: list[Any]
+    encodings: list[WeightEncoding]
+    floats: dict[str, ir.TensorProtocol]  # the kernels' float parameters, for bias correction
+
+
+def _stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo | None = None) -> _Staged:
+    propagation = propagate(model, target.kernels, memo)
+    floats = float_parameters(model) if keep_floats else {}
+    return _Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats)
+
+
+def _finish(
+    staged: _Staged,
+    bias_data: Any = None,
+    bias_samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+    correct: bool = True,
+) -> _Converted:
+    model = staged.model
+    kernels = []
+    if bias_data is not None:
+        kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct)
     finish_qdq(model)
     proto = ir.serde.serialize_model(model)
-    return _Converted(model, proto, propagation.notes, propagation.encodings, lint(proto), kernels)
+    return _Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels)
+
+
+def _sketch(staged: _Staged, bias_data: Any, correct: bool) -> onnx.ModelProto:
+    """``staged`` finished on a copy with biases corrected on only ``SKETCH_SAMPLES`` samples, serialized
+    (``staged`` itself is untouched): a cheaper stand-in for comparing candidates."""
+    copy = staged.model.clone()
+    if bias_data is not None:
+        correct_biases(copy, staged.floats, bias_data, SKETCH_SAMPLES, lambda done, elapsed: None, correct)
+    finish_qdq(copy)
+    return ir.serde.serialize_model(copy)
 
 
 @dataclass
@@ -216,11 +258,9 @@ def _run(
     cache: StatisticsCache,
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
     smoothing: float | None = None,
-    also: tuple[str, ...] = (),
 ) -> _Run:
     """``float_info``: the float model (or None) and its size from an earlier run of the same model;
-    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed); ``also``: other
-    calibration methods observed in the same pass, for later runs (``method="auto"``)."""
+    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed)."""
     keep = keep_float_proto if float_info is None else None
     smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
     prepared, quantizer_report, measured, smoothed = _prepare(
@@ -229,7 +269,7 @@ def _run(
     float_info = float_info or measured
     assert float_info is not None
     float_proto, float_size = float_info
-    chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache, also)
+    chosen = calibrate(prepared, data, method, progress or terminal_progress(), cache)
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
     converted = _convert(prepared, target, kernel_data, progress=kernel_progress, correct=correct)
@@ -281,22 +321,63 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
 
 
 RANKING_SAMPLES = 64  # the calibration samples the budget's ranking measures each kernel's effect on
+SKETCH_SAMPLES = 8  # the samples each candidate of method="auto" has its biases corrected on, to compare
+CHOICE_SAMPLES = 32  # the calibration samples method="auto" compares its candidates' outputs on
 AUTO_METHODS = ("minmax", "mean_minmax")  # what method="auto" tries (mse: 1.6x the time, never chosen on the bench)
 
 
-def _choose_method(runs: Mapping[str, _Run], calibration_data: Any) -> tuple[str, dict[str, Any]]:
+def _run_auto(
+    model: Any,
+    quantizer: Quantizer,
+    target: Target,
+    strict: bool,
+    data: Any,
+    progress: Progress | None,
+    measure_kernels: bool,
+    correct: bool,
+    load_options: Mapping[str, Any],
+    cache: StatisticsCache,
+    smoothing: float | None,
+) -> tuple[_Run, str, dict[str, Any]]:
+    """``_run`` with each of ``AUTO_METHODS``: the model prepared once and calibrated in one pass over
+    the data for all; the candidates are compared with their biases corrected on a few samples
+    (scoring them uncorrected chose worse on the CRNN of the bench), and only the chosen one's are
+    corrected on all: the same model as ``method=<chosen>`` gives."""
+    smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
+    prepared, quantizer_report, float_info, smoothed = _prepare(
+        model, quantizer, target.name, strict, True, smooth, **load_options
+    )
+    assert float_info is not None and float_info[0] is not None
+    copies = [prepared.clone() for _ in AUTO_METHODS[1:]] + [prepared]  # each calibrated in place
+    chosen: dict[str, list[Any]] = {}
+    staged: dict[str, _Staged] = {}
+    memo: EncodingMemo = {}  # the candidates' weights are the same: encoded once
+    for candidate, copy in zip(AUTO_METHODS, copies, strict=True):
+        also = AUTO_METHODS[1:] if not chosen else ()  # one pass over the data for all
+        chosen[candidate] = calibrate(copy, data, candidate, progress or terminal_progress(), cache, also)
+        staged[candidate] = _stage(copy, target, measure_kernels, memo)
+    kernel_data = data if measure_kernels else None
+    protos = {m: _sketch(s, kernel_data, correct) for m, s in staged.items()}
+    method, choice = _choose_method(protos, float_info[0], prepared, data)
+    converted = _finish(staged[method], kernel_data, progress=progress or terminal_progress("measuring kernels"),
+                        correct=correct)  # fmt: skip
+    return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, smoothed), method, choice
+
+
+def _choose_method(
+    protos: Mapping[str, onnx.ModelProto], float_proto: onnx.ModelProto, model: ir.Model, calibration_data: Any
+) -> tuple[str, dict[str, Any]]:
     """The method whose model's first output is closest to float (SQNR) on the first calibration
-    samples, and the record of the choice."""
-    first = next(iter(runs.values()))
-    assert first.float_proto is not None
-    if len({r.converted.proto.SerializeToString() for r in runs.values()}) == 1:  # e.g. no activation quantized
-        chosen, why = next(iter(runs)), "the candidates are the same model"
+    samples (fewer for large inputs, as bias correction measures), and the record of the choice."""
+    if len({p.SerializeToString() for p in protos.values()}) == 1:  # e.g. no activation quantized
+        chosen, why = next(iter(protos)), "the candidates are the same model"
         return chosen, {"chosen": chosen, "output_sqnr_db": {}, "samples": 0, "why": why}
-    samples = list(itertools.islice(iter_samples(first.converted.model, calibration_data), RANKING_SAMPLES))
-    probe = _Reference(session(first.float_proto))  # its float outputs computed once, for every candidate
-    scores = {
-        m: _agreement(r.converted.model, probe, session(r.converted.proto), samples)["sqnr_db"] for m, r in runs.items()
-    }
+    stream = iter_samples(model, calibration_data)
+    first = next(stream)
+    count = samples_for(sum(int(np.size(a)) for a in first.values()), CHOICE_SAMPLES)
+    samples = [first, *itertools.islice(stream, count - 1)]
+    probe = _Reference(session(float_proto))  # its float outputs computed once, for every candidate
+    scores = {m: _agreement(model, probe, session(p), samples)["sqnr_db"] for m, p in protos.items()}
     chosen = max(scores, key=lambda m: (scores[m], -list(scores).index(m)))  # a tie keeps the first
     return chosen, {"chosen": chosen, "output_sqnr_db": scores, "samples": len(samples)}
 
@@ -434,7 +515,7 @@ def quantize(
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
 
     ``method`` overrides the calibration method of activations (``"auto"``: each of ``AUTO_METHODS``,
-    keeping the one whose output is closest to float on 64 calibration samples; ``minmax``, ``percentile``,
+    keeping the one whose output is closest to float on 32 calibration samples; ``minmax``, ``percentile``,
     ``entropy``, ``mse``...). With ``eval_data`` the report compares the outputs of the float and
     quantized models (top-1 agreement, accuracy when the data has ``labels``, cosine, SQNR).
     ``measure=False`` skips the latency measurement (batch 1, float and int8 runs interleaved for
@@ -483,25 +564,22 @@ def quantize(
     measure_kernels = bias_correction or keep_float_below is not None or max_drop is not None
     cache = StatisticsCache()  # later passes (keep_float_below, max_drop) reuse the first one's statistics
 
-    def quantize_with(how: Quantizer, by: str | None, first: _Run | None, also: tuple[str, ...] = ()) -> _Run:
+    def quantize_with(how: Quantizer, by: str | None, first: _Run | None) -> _Run:
         known = (first.float_proto, first.float_size) if first is not None else None  # the float model, once
         return _run(model, how, chosen_target, strict, calibration_data, by, progress, measure_kernels,
-                    bias_correction, keep_float_proto, load_options, cache, known, smoothing, also)  # fmt: skip
+                    bias_correction, keep_float_proto, load_options, cache, known, smoothing)  # fmt: skip
 
     def again(first: _Run, floats: list[str]) -> _Run:
         return quantize_with(quantizer.with_float_nodes(floats), method, first)
 
     method_choice: dict[str, Any] | None = None
-    runs: dict[str, _Run] = {}
-    candidates = AUTO_METHODS if method == "auto" else (method,)
-    for candidate in candidates:
-        first = next(iter(runs.values()), None)
-        also = tuple(str(m) for m in candidates[1:]) if first is None else ()  # one pass over the data for all
-        runs[str(candidate)] = quantize_with(quantizer, candidate, first, also)
     if method == "auto":
-        method, method_choice = _choose_method(runs, calibration_data)  # `again` quantizes with it too
-        log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])
-    run = runs[str(method)]
+        run, method, method_choice = _run_auto(model, quantizer, chosen_target, strict, calibration_data,
+                                               progress, measure_kernels, bias_correction, load_options, cache,
+                                               smoothing)  # fmt: skip
+        log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])  # `again` uses it
+    else:
+        run = quantize_with(quantizer, method, None)
     low = [k for k in run.converted.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)

@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
-from requant.calibration.weight_encoding import WeightEncoding, encode_weights, rescale_stored
+from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding, encode_weights, rescale_stored
 from requant.ir.annotations import element_name, quant_type, request, set_quant_type
 from requant.ir.queries import graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
@@ -74,11 +74,12 @@ class Propagation:
     encodings: list[WeightEncoding]
 
 
-def propagate(model: ir.Model, kernels: KernelModel | None = None) -> Propagation:
+def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: EncodingMemo | None = None) -> Propagation:
     """Give every value with a fixed, shared or derived request its type; returns what was done.
 
     With a target's ``kernels`` model, the weights of its int8 kernels are checked (and where they
-    could saturate, re-encoded) before the biases are derived from their scales.
+    could saturate, re-encoded) before the biases are derived from their scales (``memo``: see
+    :func:`~requant.calibration.weight_encoding.encode_weights`).
     """
     graph = model.graph
     values = graph_values(graph)
@@ -116,7 +117,7 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None) -> Propagatio
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), str(shared), f"shared with '{source.name}'"))
 
-    encodings = encode_weights(model, kernels) if kernels is not None else []
+    encodings = encode_weights(model, kernels, memo) if kernels is not None else []
 
     for value in values:
         r = request(value)

@@ -43,6 +43,7 @@ from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
 from requant.targets.kernels import KernelModel, Reduction, is_depthwise
 from requant.types import (
+    QuantizedType,
     UniformQuantizedPerAxisType,
     UniformQuantizedSubChannelType,
     UniformQuantizedType,
@@ -301,10 +302,42 @@ def _encode_one(
     )
 
 
-def encode_weights(model: ir.Model, kernels: KernelModel) -> list[WeightEncoding]:
+# what encoding one weight gave: its record, and (when re-encoded) its new type and stored integers
+_Encoded = tuple[WeightEncoding, QuantizedType | None, npt.NDArray[Any] | None]
+EncodingMemo = dict[tuple[Any, ...], _Encoded]
+
+
+def encode_weights(model: ir.Model, kernels: KernelModel, memo: EncodingMemo | None = None) -> list[WeightEncoding]:
     """Check (and where needed, re-encode) the weights of every int8 kernel of ``model``'s main
-    graph against ``kernels``; returns a record per kernel."""
-    return [_encode_one(node, *found, kernels) for node in model.graph for found in _kernels(node)]
+    graph against ``kernels``; returns a record per kernel.
+
+    ``memo`` (filled here): encodings of earlier calls, reused where the same weight tensor has the
+    same type in the same kernel (the clones of one model share their tensors: ``method="auto"``'s
+    candidates differ only in their activations' scales, which encoding does not read)."""
+    records = []
+    for node in model.graph:
+        for w, xt, wt in _kernels(node):
+            key = (
+                id(w.const_value),
+                str(w.name),
+                str(node.name),
+                str(wt),
+                xt.storage_min,
+                xt.storage_max,
+                kernels.name,
+            )
+            if memo is None or key not in memo:
+                record = _encode_one(node, w, xt, wt, kernels)
+                encoded = quant_type(w) if record.encoding == "pair-safe" else None
+                if memo is not None:
+                    memo[key] = (record, encoded, stored_values(w) if encoded is not None else None)
+            else:
+                record, encoded, stored = memo[key]
+                if encoded is not None:
+                    set_quant_type(w, encoded, text=isinstance(encoded, UniformQuantizedType))
+                    set_stored_values(w, stored)
+            records.append(record)
+    return records
 
 
 def rescale_stored(weight: ir.Value, old: Any, new: Any) -> None:
