@@ -24,6 +24,8 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
+from requant.backends.tosa import TosaProgram, lower_to_tosa, to_mlir
+from requant.backends.tosa_reference import run_tosa
 from requant.calibration.bias_correction import (
     DEFAULT_SAMPLES,
     BiasCorrection,
@@ -39,7 +41,7 @@ from requant.calibration.runner import Progress, terminal_progress
 from requant.calibration.smoothing import DEFAULT_ALPHA, Smoothing, smooth_linears
 from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding
 from requant.errors import ArgumentError, RequantError
-from requant.frontends import LoadError, check_outputs, load, save_onnx, serialized_size
+from requant.frontends import LoadError, check_outputs, load, save_onnx, save_text, serialized_size
 from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
 from requant.passes.compute_in_float32 import HALF
@@ -58,13 +60,24 @@ log = logging.getLogger("requant")
 
 @dataclass
 class QuantizedModel:
-    """The quantized model and its report (a JSON-able dict); ``save(path)`` writes the model."""
+    """The quantized model (QDQ ONNX) and its report (a JSON-able dict); for the ``tosa-int8`` target,
+    also its integer TOSA program (``tosa``; ``mlir()`` its text). ``save(path)`` writes the model:
+    MLIR text for a path ending in ``.mlir``, the QDQ model otherwise."""
 
     model: ir.Model
     report: dict[str, Any] = field(default_factory=dict)
+    tosa: TosaProgram | None = None
+
+    def mlir(self) -> str:
+        if self.tosa is None:
+            raise RequantError("only the tosa-int8 target writes MLIR (quantize with target='tosa-int8')")
+        return to_mlir(self.tosa)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        save_onnx(self.model, path)
+        if str(path).endswith(".mlir"):
+            save_text(self.mlir(), path)
+        else:
+            save_onnx(self.model, path)
 
 
 def prepare(
@@ -557,6 +570,8 @@ def quantize(
         check_outputs({"output": output}, {"the model": model, "the calibration data": calibration_data,
                                            "the evaluation data": eval_data})  # fmt: skip
     chosen_target = get_target(target)
+    if output is not None and str(output).endswith(".mlir") and chosen_target.backend != "tosa":
+        raise ArgumentError(f"'{output}': only the tosa-int8 target writes MLIR; {target} writes ONNX (.onnx)")
     quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
     if isinstance(calibration_data, Iterator):  # a generator: read once, its first samples kept for the rest
         calibration_data = Replayed(calibration_data, DEFAULT_SAMPLES)
@@ -646,11 +661,51 @@ def quantize(
         report["method_choice"] = method_choice
     # what the machine quantizing computes (the model does not depend on it; the advice does)
     report["this_cpu"] = host_kernel_model().name
-    result = QuantizedModel(quantized, report)
+    program = None
+    if chosen_target.backend == "tosa":
+        if output is not None and not str(output).endswith(".mlir"):
+            log.info("target %s: writing the QDQ twin to %s (a path ending in .mlir gets the TOSA program)",
+                     target, output)  # fmt: skip
+        program = lower_to_tosa(quantized)
+        report["tosa"] = _tosa_record(program, quantized_proto, quantized, calibration_data)
+    result = QuantizedModel(quantized, report, program)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
         result.save(output)
     return result
+
+
+TOSA_CHECK_SAMPLES = 8  # calibration samples the TOSA program is run on against its QDQ twin
+
+
+def _tosa_record(program: TosaProgram, proto: onnx.ModelProto, model: ir.Model, data: Any) -> dict[str, Any]:
+    """What lowering wrote (ops by kind), and the program's outputs (requant's TOSA interpreter,
+    SINGLE_ROUND) against the QDQ twin's in ONNX Runtime on the first calibration samples, in output
+    steps: the two round differently (fixed-point rescales against float ones), by a step at most
+    where a value lies near half a step."""
+    kinds: dict[str, int] = {}
+    for op in program.ops:
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    q_session = session(proto)
+    largest, samples = 0.0, 0
+    for sample in itertools.islice(iter_samples(model, data), TOSA_CHECK_SAMPLES):
+        if any(np.shape(sample[e.name])[0] != 1 for e in program.inputs):
+            continue  # the program is lowered for batch 1
+        ints = {e.name: np.clip(np.rint(sample[e.name] / e.scale) + e.zero_point, -128, 127).astype(np.int8)
+                for e in program.inputs}  # fmt: skip
+        got = run_tosa(program, ints)
+        expected = q_session.run(None, sample)
+        for edge, value, reference in zip(program.outputs, got, expected, strict=False):
+            steps = np.abs((value.astype(np.float64) - edge.zero_point) * edge.scale - reference) / edge.scale
+            largest = max(largest, float(steps.max(initial=0.0)))
+        samples += 1
+    return {
+        "ops": dict(sorted(kinds.items())),
+        "rescales": kinds.get("rescale", 0),
+        "inputs": [e.__dict__ for e in program.inputs],
+        "outputs": [e.__dict__ for e in program.outputs],
+        "against_qdq": {"samples": samples, "largest_difference_steps": round(largest, 6)},
+    }
 
 
 def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None) -> str:

@@ -36,7 +36,8 @@ def register(commands: Any) -> None:
         "--target",
         choices=sorted(TARGETS),
         help=f"what the model is for (default: {DEFAULT_TARGET}, exact on every x86-64 CPU; onnxruntime-cpu-vnni: "
-        "full-range int8 weights for CPUs with VNNI, see docs/targets.md)",
+        "full-range int8 weights for CPUs with VNNI; tosa-int8: integer-only TOSA MLIR, with -o FILE.mlir; "
+        "see docs/targets.md)",
     )
     sub.add_argument(
         "--method", help="activation calibration method: minmax (default), mean_minmax, auto, percentile, entropy, mse"
@@ -162,9 +163,13 @@ def run(args: argparse.Namespace) -> int:
 
         texts[settings.report_html] = to_html(result.report)
     assert settings.output is not None
-    write_all(texts, result.model, settings.output)
+    if settings.output.endswith(".mlir"):  # the TOSA program (tosa-int8), written as a text with the rest
+        texts[settings.output] = result.mlir()
+        write_all(texts)
+    else:
+        write_all(texts, result.model, settings.output)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
-    for path in (settings.output, *texts):
+    for path in dict.fromkeys((settings.output, *texts)):
         print(f"wrote {path}")
     return 0

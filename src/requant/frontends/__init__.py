@@ -9,7 +9,15 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from requant.frontends.onnx_loader import LoadError, SaveError, load_onnx, load_onnx_text, save_onnx, serialized_size
+from requant.frontends.onnx_loader import (
+    LoadError,
+    SaveError,
+    load_onnx,
+    load_onnx_text,
+    save_onnx,
+    save_text,
+    serialized_size,
+)
 from requant.frontends.paths import check_outputs
 from requant.frontends.torch_loader import load_torch, module_class, module_path
 
@@ -24,6 +32,7 @@ __all__ = [
     "module_class",
     "module_path",
     "save_onnx",
+    "save_text",
     "serialized_size",
 ]
 

@@ -201,6 +201,21 @@ def _initializers_are_not_inputs(graph: ir.Graph, what: str) -> None:
             graph.inputs.remove(value)
 
 
+def save_text(text: str, path: str | os.PathLike[str]) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file in its folder, then a rename)."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise SaveError(f"cannot save to '{target}': the folder '{target.parent}' does not exist")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, target)
+    except OSError as exc:
+        raise SaveError(f"could not save to '{target}': {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def save_onnx(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
     """Write ``model`` to ``path`` whole or not at all (a temporary file, then a rename).
 

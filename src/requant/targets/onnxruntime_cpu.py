@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from requant.ir.annotations import element_name
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
@@ -27,8 +26,7 @@ from requant.targets.decompose import (
     SPATIAL_MEAN,
     SUB_TO_ADD,
 )
-from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict
-from requant.types import FLOAT_FORMATS
+from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict, non_float, sums_activations
 
 if TYPE_CHECKING:
     from requant.quantizers.config import QuantizationConfig
@@ -91,21 +89,8 @@ def _check_weighted(node_match: Match, config: QuantizationConfig) -> Verdict:
     return Accept()
 
 
-def _non_float(match: Match) -> str | None:
-    """The first value crossing the pattern's boundary that is not a float tensor, if any."""
-    inside = {id(o) for n in match.nodes for o in n.outputs}
-    for node in match.nodes:
-        for value in [*node.inputs, *node.outputs]:
-            if value is None or (id(value) in inside and value not in match.nodes[-1].outputs):
-                continue
-            dtype = element_name(value.dtype)
-            if dtype is not None and dtype not in FLOAT_FORMATS and value.const_value is None:
-                return f"'{value.name}' ({dtype})"
-    return None
-
-
 def _check(match: Match, config: QuantizationConfig) -> Verdict:
-    integer = _non_float(match)
+    integer = non_float(match)
     if integer is not None:
         return Reject(
             f"computes on {integer}, not float activations (shape arithmetic stays as it is)", at=match.nodes[0]
@@ -118,7 +103,7 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         verdict = _check_float_output(match.nodes[0])
         if not verdict.accepted:
             return verdict
-    if isinstance(config.input_activation, QuantizationSpec) and _sums_activations(match):
+    if isinstance(config.input_activation, QuantizationSpec) and sums_activations(match):
         return Reject(
             "a sum of two activations (a residual connection) stays float: the kernels that read it "
             "quantize it, the stream itself is not rounded at every block (MobileNetV2 KL to float "
@@ -128,12 +113,6 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
     if match.nodes[0].op_type in WEIGHTED and not isinstance(config.weight, NoQuant):
         return _check_weighted(match, config)
     return Accept()
-
-
-def _sums_activations(match: Match) -> bool:
-    """The pattern starts with an Add of two activations: a residual connection."""
-    first = match.nodes[0]
-    return first.op_type == "Add" and all(v is not None and constant(v) is None for v in first.inputs)
 
 
 def _check_float_output(node: ir.Node) -> Verdict:

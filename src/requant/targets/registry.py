@@ -1,10 +1,12 @@
 """Targets by name: what a model is quantized for.
 
 A target is data: its support table (which int8 kernels exist and which ports they take), its
-kernel model (how those kernels add their products, :mod:`requant.targets.kernels`), and the
+kernel model (how those kernels add their products, :mod:`requant.targets.kernels`), the
 presets used when none is given (one for conv nets, one for models with more linear layers than
-convolutions). The API, the CLI and the quantizers look targets up here by name; adding a target
-is adding an entry.
+convolutions), and its backend: ``qdq`` (a QDQ ONNX model, which ONNX Runtime fuses into int8
+kernels) or ``tosa`` (integer-only TOSA MLIR, :mod:`requant.backends.tosa`, lowered from the QDQ
+model). The API, the CLI and the quantizers look targets up here by name; adding a target is
+adding an entry (and, for a new kind of output, a backend).
 
 Quantizing never looks at the CPU it runs on: the same model, data and options give the same
 bytes on every machine. The target says which CPUs the output is exact on.
@@ -18,6 +20,7 @@ from requant.errors import RequantError
 from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, KernelModel
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
+from requant.targets.tosa_int8 import TOSA_INT8, TOSA_INT32
 
 __all__ = ["DEFAULT_TARGET", "TARGETS", "Target", "UnknownTargetError", "get_target"]
 
@@ -28,13 +31,14 @@ class UnknownTargetError(RequantError):
 
 @dataclass(frozen=True)
 class Target:
-    """A target: its name, what it is, its support table, kernel model and default presets."""
+    """A target: its name, what it is, its support table, kernel model, default presets and backend."""
 
     name: str
     description: str
     table: SupportTable
     kernels: KernelModel
     presets: tuple[str, str]  # (conv nets, models with more linear layers than convolutions)
+    backend: str = "qdq"  # "qdq": the QDQ ONNX model; "tosa": integer-only TOSA MLIR lowered from it
 
     def __str__(self) -> str:
         return self.name
@@ -58,6 +62,15 @@ TARGETS: dict[str, Target] = {
             ONNXRUNTIME_CPU,
             ONNXRUNTIME_X86_VNNI,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_FLOAT_OUTPUTS"),
+        ),
+        Target(
+            "tosa-int8",
+            "TOSA 1.0, int profile (integer-only MLIR for IREE and the Arm Ethos-U flow): int8 activations, "
+            "symmetric int8 weights per channel, int32 biases and accumulators, fixed-point rescales",
+            TOSA_INT8,
+            TOSA_INT32,
+            ("INT8_PER_CHANNEL_WEIGHTS", "INT8_PER_CHANNEL_WEIGHTS"),  # no float outputs: integer-only
+            backend="tosa",
         ),
     )
 }

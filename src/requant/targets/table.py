@@ -12,12 +12,27 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import onnx_ir as ir
 
+from requant.ir.annotations import element_name
+from requant.ir.queries import constant
+from requant.types import FLOAT_FORMATS
+
 if TYPE_CHECKING:
     from requant.ir.requests import QuantizationSpec
     from requant.quantizers.config import QuantizationConfig
     from requant.targets.decompose import Decomposition
 
-__all__ = ["Accept", "Check", "Match", "Pattern", "Reject", "SupportTable", "Verdict", "WeightRule"]
+__all__ = [
+    "Accept",
+    "Check",
+    "Match",
+    "Pattern",
+    "Reject",
+    "SupportTable",
+    "Verdict",
+    "WeightRule",
+    "non_float",
+    "sums_activations",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +125,22 @@ class SupportTable:
 
     def __str__(self) -> str:
         return self.name
+
+
+def non_float(match: Match) -> str | None:
+    """The first value crossing the pattern's boundary that is not a float tensor, if any."""
+    inside = {id(o) for n in match.nodes for o in n.outputs}
+    for node in match.nodes:
+        for value in [*node.inputs, *node.outputs]:
+            if value is None or (id(value) in inside and value not in match.nodes[-1].outputs):
+                continue
+            dtype = element_name(value.dtype)
+            if dtype is not None and dtype not in FLOAT_FORMATS and value.const_value is None:
+                return f"'{value.name}' ({dtype})"
+    return None
+
+
+def sums_activations(match: Match) -> bool:
+    """The pattern starts with an Add of two activations: a residual connection."""
+    first = match.nodes[0]
+    return first.op_type == "Add" and all(v is not None and constant(v) is None for v in first.inputs)

@@ -1,0 +1,636 @@
+"""Integer-only TOSA from a quantized (QDQ) model: the ``tosa-int8`` target's backend.
+
+The QDQ model requant writes for ONNX Runtime already holds every decision: each activation's
+``QuantizeLinear`` (scale, zero point), each kernel's int8 weights (per output channel, zero point
+0) and int32 bias. Lowering reads those and writes a TOSA 1.0 program (the int profile) in which
+nothing is float:
+
+- the function takes the model's inputs quantized (int8) and returns its outputs quantized; the
+  host quantizes and dequantizes with the parameters of :class:`Edge` (the MLIR file's header);
+- a ``Conv`` becomes ``tosa.conv2d`` / ``tosa.depthwise_conv2d`` (NHWC; transposes where the layout
+  changes), a ``Gemm`` ``tosa.matmul`` plus an int32 ``tosa.add`` of its bias; each kernel's int32
+  accumulator goes to the next int8 tensor through ``tosa.rescale`` with a fixed-point multiplier
+  and shift per output channel (``input scale x weight scale / output scale``), and a Relu or Clip
+  after it becomes a ``tosa.clamp`` on the int8 result;
+- ``MaxPool``, ``Reshape`` / ``Flatten``, ``Relu`` and ``Clip`` between conversions of one scale run
+  on the int8 values; an elementwise ``Add`` of two int8 tensors rescales both to int32 on a common
+  scale, adds, and rescales to its output.
+
+uint8 activations (ONNX Runtime's presets) become int8 exactly: ``q - 128`` with zero point
+``zp - 128``. Shapes are static (the batch is fixed to 1). ``backends.tosa_reference`` computes the
+same program in NumPy, bit for bit as TOSA defines it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnx_ir as ir
+
+from requant.errors import RequantError
+from requant.ir.queries import constant
+
+__all__ = ["Edge", "TosaError", "TosaOp", "TosaProgram", "lower_to_tosa", "multiplier_shift", "to_mlir"]
+
+Array = npt.NDArray[Any]
+SHAPE_OPS = ("Shape", "Constant")  # other ops on int64 shapes are skipped by their type
+ROUNDING = ("single_round", "double_round")
+STREAM_BITS = 16  # an int32 stream of sums starts this many bits finer than the coarser int8 input
+
+
+class TosaError(RequantError):
+    """A model (or part of one) the tosa-int8 backend cannot write as integer TOSA."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A model input or output: its name, shape, and the int8 scale and zero point it is exchanged in."""
+
+    name: str
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int
+
+
+@dataclass
+class TosaOp:
+    """One op: ``kind`` ("conv2d", "rescale", "const"...), operand and result names, attributes, the
+    result's shape and element type, and a constant's value."""
+
+    kind: str
+    inputs: list[str]
+    output: str
+    shape: tuple[int, ...]
+    dtype: str  # "i8" or "i32"
+    attrs: dict[str, Any] = field(default_factory=dict)
+    value: Array | None = None
+
+
+@dataclass
+class TosaProgram:
+    """An integer-only TOSA function: its quantized inputs and outputs and its ops in order."""
+
+    inputs: list[Edge]
+    outputs: list[Edge]
+    ops: list[TosaOp]
+    arguments: list[str]  # the ops' names of the inputs
+    results: list[str]  # the ops' names of the outputs
+    types: dict[str, str]  # each quantized tensor of the model: its !quant.uniform type (the header)
+
+
+def multiplier_shift(scale: float) -> tuple[int, int]:
+    """``scale`` as TOSA's 32-bit fixed point: ``multiplier * 2**-shift``, the multiplier in [2**30, 2**31)."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise TosaError(f"a rescale needs a positive finite scale, got {scale!r}")
+    mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
+    multiplier, shift = round(mantissa * (1 << 31)), 31 - exponent
+    if multiplier == 1 << 31:
+        multiplier, shift = multiplier >> 1, shift - 1
+    if not 2 <= shift <= 62:
+        raise TosaError(f"the scale {scale!r} needs a shift of {shift}, outside TOSA's [2, 62]")
+    return multiplier, shift
+
+
+@dataclass
+class _Tensor:
+    """An int8 tensor of the program: its op name, its shape as the op holds it, and its layout."""
+
+    name: str
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int  # int8
+    nhwc: bool = False  # a 4-d tensor held as NHWC (its ONNX shape is NCHW)
+    wide: bool = False  # an int32 stream (a residual sum), zero point 0
+
+
+def _exact_pads(size: tuple[int, ...], kernel: list[int], pads: list[int], strides: list[int],
+                dilations: list[int]) -> tuple[list[int], list[int]]:  # fmt: skip
+    """ONNX's pads ``[top, left, bottom, right]`` as TOSA's ``[top, bottom, left, right]``, with the
+    bottom and right trimmed of what no output reads, and the input rows and columns to crop off
+    its end where the padding is not enough: TOSA wants ``in - 1 + pads - (k - 1) d`` to divide by
+    the stride exactly, where ONNX rounds the output size down."""
+    out, crop = [pads[0], pads[2], pads[1], pads[3]], [0, 0]
+    for axis in (0, 1):
+        extent = size[axis] - 1 + out[2 * axis] + out[2 * axis + 1] - (kernel[axis] - 1) * dilations[axis]
+        extra = extent % strides[axis]
+        trimmed = min(extra, out[2 * axis + 1])
+        out[2 * axis + 1] -= trimmed
+        crop[axis] = extra - trimmed
+    return out, crop
+
+
+class _Lowering:
+    def __init__(self, graph: ir.Graph, shapes: dict[str, tuple[int, ...]], integers: dict[str, Array]) -> None:
+        self.graph = graph
+        self.shapes = shapes
+        self.integers = integers  # integer tensors' values (batch 1)
+        self.ops: list[TosaOp] = []
+        self.tensors: dict[str, _Tensor] = {}  # ONNX value name -> int8 tensor
+        self.wide: dict[str, _Tensor] = {}  # a float sum's ONNX name -> its int32 stream
+        self.count = 0
+
+    def add(self, kind: str, inputs: list[str], shape: tuple[int, ...], dtype: str, **attrs: Any) -> str:
+        value = attrs.pop("value", None)
+        name = f"%v{self.count}"
+        self.count += 1
+        self.ops.append(TosaOp(kind, inputs, name, tuple(int(d) for d in shape), dtype, attrs, value))
+        return name
+
+    def const(self, array: Array, dtype: str) -> str:
+        array = np.ascontiguousarray(array, {"i8": np.int8, "i32": np.int32}[dtype])
+        return self.add("const", [], array.shape, dtype, value=array)
+
+    def zero_point(self, value: int, dtype: str = "i8") -> str:
+        return self.const(np.array([value]), dtype)
+
+    def shape_of(self, value: ir.Value) -> tuple[int, ...]:
+        shape = self.shapes.get(str(value.name))
+        if shape is None:
+            raise TosaError(f"value '{value.name}' has no static shape (the tosa-int8 backend needs static shapes)")
+        return shape
+
+    # -------------------------------------------------------------- layouts
+    def nhwc(self, t: _Tensor) -> _Tensor:
+        if t.nhwc or len(t.shape) != 4:
+            return t
+        n, c, h, w = t.shape
+        out = self.add("transpose", [t.name], (n, h, w, c), "i32" if t.wide else "i8", perms=[0, 2, 3, 1])
+        return _Tensor(out, (n, h, w, c), t.scale, t.zero_point, True, t.wide)
+
+    def nchw(self, t: _Tensor) -> _Tensor:
+        if not t.nhwc:
+            return t
+        n, h, w, c = t.shape
+        out = self.add("transpose", [t.name], (n, c, h, w), "i32" if t.wide else "i8", perms=[0, 3, 1, 2])
+        return _Tensor(out, (n, c, h, w), t.scale, t.zero_point, False, t.wide)
+
+    def cropped(self, t: _Tensor, crop: list[int]) -> _Tensor:
+        """``t`` (NHWC) without its last ``crop`` rows and columns (never read by the op after it)."""
+        if not any(crop):
+            return t
+        n, h, w, c = t.shape
+        shape = (n, h - crop[0], w - crop[1], c)
+        name = self.add("slice", [t.name], shape, "i8", start=[0, 0, 0, 0], size=list(shape))
+        return _Tensor(name, shape, t.scale, t.zero_point, True)
+
+    # -------------------------------------------------------------- the int8 tensor behind a float value
+    def source(self, value: ir.Value | None, node: ir.Node) -> _Tensor:
+        """The int8 tensor a float input of ``node`` dequantizes."""
+        producer = value.producer() if value is not None else None
+        if producer is not None and producer.op_type == "DequantizeLinear" and producer.inputs[0] is not None:
+            found = self.tensors.get(str(producer.inputs[0].name))
+            if found is not None:
+                return found
+        name = value.name if value is not None else "?"
+        raise TosaError(f"node '{node.name}' ({node.op_type}): input '{name}' is not a quantized tensor")
+
+    def quantized_output(self, value: ir.Value, node: ir.Node) -> tuple[ir.Node, float, int]:
+        """The single QuantizeLinear reading ``value`` (through a Relu or Clip, returned first)."""
+        uses = [u.node for u in value.uses()]
+        if len(uses) == 1 and uses[0].op_type == "QuantizeLinear":
+            q = uses[0]
+            return q, *_params(q)
+        raise TosaError(
+            f"node '{node.name}' ({node.op_type}): its output '{value.name}' is read in float "
+            f"({', '.join(sorted({u.op_type for u in uses})) or 'a graph output'}), not by one QuantizeLinear"
+        )
+
+    def rescale(self, name: str, shape: tuple[int, ...], scales: Array, input_zp: int, output_zp: int,
+                dtype_in: str) -> str:  # fmt: skip
+        """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to int8."""
+        pairs = [multiplier_shift(float(s)) for s in np.atleast_1d(scales)]
+        multipliers = self.const(np.array([m for m, _ in pairs]), "i32")
+        shifts = self.add("const", [], (len(pairs),), "i8", value=np.array([s for _, s in pairs], np.int8))
+        return self.add(
+            "rescale",
+            [name, multipliers, shifts, self.zero_point(input_zp, dtype_in), self.zero_point(output_zp)],
+            shape, "i8", per_channel=len(pairs) > 1, scale32=True,
+        )  # fmt: skip
+
+    def clamp_after(self, name: str, shape: tuple[int, ...], node: ir.Node, scale: float, zp: int) -> str:
+        """A Relu or Clip (``node``) on an int8 tensor of ``scale`` and ``zp``."""
+        if node.op_type == "Relu":
+            low, high = 0.0, math.inf
+        else:
+            low_v = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+            high_v = constant(node.inputs[2]) if len(node.inputs) > 2 else None
+            low = float(low_v) if low_v is not None else -math.inf
+            high = float(high_v) if high_v is not None else math.inf
+        q_low = -128 if low == -math.inf else int(np.clip(np.rint(low / scale) + zp, -128, 127))
+        q_high = 127 if high == math.inf else int(np.clip(np.rint(high / scale) + zp, -128, 127))
+        return self.add("clamp", [name], shape, "i8", min_val=q_low, max_val=q_high)
+
+    # -------------------------------------------------------------- ops
+    def finish(self, node: ir.Node, name: str, shape: tuple[int, ...], nhwc: bool) -> None:
+        """Record the int8 result of ``node`` under its QuantizeLinear's output name."""
+        q, scale, zp = self.quantized_output(node.outputs[0], node)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(name, shape, scale, zp, nhwc)
+
+    def kernel_output(
+        self, node: ir.Node, acc: str, shape: tuple[int, ...], scales: Array, nhwc: bool, final: tuple[int, ...] = ()
+    ) -> None:
+        """An int32 accumulator of ``scales`` (per last axis) to the int8 tensor its QuantizeLinear
+        asks for, through a Relu or Clip when one follows (reshaped to ``final`` when given)."""
+        value = node.outputs[0]
+        uses = [u.node for u in value.uses()]
+        activation = uses[0] if len(uses) == 1 and uses[0].op_type in ("Relu", "Clip") else None
+        q, out_scale, out_zp = self.quantized_output(activation.outputs[0] if activation else value, node)
+        result = self.rescale(acc, shape, scales / out_scale, 0, out_zp, "i32")
+        if activation is not None:
+            result = self.clamp_after(result, shape, activation, out_scale, out_zp)
+        if final:
+            result, shape = self.add("reshape", [result], final, "i8", new_shape=list(final)), final
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, shape, out_scale, out_zp, nhwc)
+
+    def conv(self, node: ir.Node) -> None:
+        x = self.nhwc(self.source(node.inputs[0], node))
+        w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
+        bias = _dequantized_constant(node.inputs[2], node)[0] if len(node.inputs) > 2 else None
+        if w.ndim != 4 or np.any(w_zp != 0):
+            raise TosaError(f"node '{node.name}': 2-d convs with symmetric weights are lowered, not this one")
+        group = node.attributes.get_int("group", 1)
+        pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
+        strides = list(node.attributes.get_ints("strides", [1, 1]))
+        dilations = list(node.attributes.get_ints("dilations", [1, 1]))
+        if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            raise TosaError(f"node '{node.name}': auto_pad is not lowered (canonicalize writes explicit pads)")
+        out_c = w.shape[0]
+        n, c, h, wd = self.shape_of(node.outputs[0])
+        shape = (n, h, wd, c)
+        bias_q = bias.astype(np.int32) if bias is not None else np.zeros(out_c, np.int32)
+        tosa_pads, crop = _exact_pads(x.shape[1:3], list(w.shape[2:]), pads, strides, dilations)
+        x = self.cropped(x, crop)
+        attrs = {"pad": tosa_pads, "stride": strides, "dilation": dilations}
+        zps = [self.zero_point(x.zero_point), self.zero_point(0)]
+        if group == 1:
+            weight = self.const(w.transpose(0, 2, 3, 1), "i8")  # OIHW -> OHWI
+            acc = self.add("conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs)
+        elif group == x.shape[3] and w.shape[1] == 1:
+            multiplier = out_c // group
+            weight = self.const(w.reshape(group, multiplier, *w.shape[2:]).transpose(2, 3, 0, 1), "i8")  # KH KW C M
+            acc = self.add("depthwise_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs)
+        else:
+            raise TosaError(f"node '{node.name}': a grouped conv ({group} groups) that is not depthwise is not lowered")
+        scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
+        self.kernel_output(node, acc, shape, scales, True)
+
+    def gemm(self, node: ir.Node) -> None:
+        x = self.nchw(self.source(node.inputs[0], node))
+        w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
+        if node.attributes.get_int("transA", 0) or len(x.shape) != 2 or np.any(w_zp != 0):
+            raise TosaError(f"node '{node.name}': a Gemm of a 2-d input (transA 0) and symmetric weights is lowered")
+        if node.attributes.get_float("alpha", 1.0) != 1.0 or node.attributes.get_float("beta", 1.0) != 1.0:
+            raise TosaError(f"node '{node.name}': a Gemm with alpha or beta other than 1 is not lowered")
+        weight = w.T if node.attributes.get_int("transB", 0) else w  # [K, M]
+        rows, depth = x.shape
+        out = weight.shape[1]
+        x3 = self.add("reshape", [x.name], (1, rows, depth), "i8", new_shape=[1, rows, depth])
+        acc = self.add("matmul", [x3, self.const(weight[None], "i8"), self.zero_point(x.zero_point),
+                                  self.zero_point(0)], (1, rows, out), "i32")  # fmt: skip
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            bias = _dequantized_constant(node.inputs[2], node)[0].astype(np.int32).reshape(1, 1, -1)
+            acc = self.add("add", [acc, self.const(np.broadcast_to(bias, (1, 1, out)), "i32")], (1, rows, out), "i32")
+        scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out,)) * x.scale
+        self.kernel_output(node, acc, (1, rows, out), scales, False, (rows, out))
+
+    def same_scale(self, node: ir.Node) -> tuple[_Tensor, ir.Node]:
+        x = self.source(node.inputs[0], node)
+        q, scale, zp = self.quantized_output(node.outputs[0], node)
+        if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
+            raise TosaError(f"node '{node.name}' ({node.op_type}): its input and output are quantized differently")
+        return x, q
+
+    def max_pool(self, node: ir.Node) -> None:
+        x, _ = self.same_scale(node)
+        x = self.nhwc(x)
+        dilated = any(d != 1 for d in node.attributes.get_ints("dilations", [1, 1]))
+        if node.attributes.get_int("ceil_mode", 0) or dilated:
+            raise TosaError(f"node '{node.name}': MaxPool with ceil_mode or dilations is not lowered")
+        pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
+        n, c, h, w = self.shape_of(node.outputs[0])
+        shape = (n, h, w, c)
+        kernel = list(node.attributes.get_ints("kernel_shape"))
+        strides = list(node.attributes.get_ints("strides", [1, 1]))
+        tosa_pads, crop = _exact_pads(x.shape[1:3], kernel, pads, strides, [1, 1])
+        x = self.cropped(x, crop)
+        name = self.add("max_pool2d", [x.name], shape, "i8", kernel=kernel, stride=strides, pad=tosa_pads)
+        self.finish(node, name, shape, True)
+
+    def global_average_pool(self, node: ir.Node) -> None:
+        """The mean over H and W: the int8 values (zero point removed) summed in int32 over each
+        axis, then rescaled by ``input scale / (H W output scale)``."""
+        x = self.nhwc(self.source(node.inputs[0], node))
+        n, h, w, c = x.shape
+        if h * w * 255 >= 1 << 31:
+            raise TosaError(f"node '{node.name}': a {h}x{w} mean could overflow its int32 sum")
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        wide = self.rescale_to_i32(x, 1.0)
+        rows = self.add("reduce_sum", [wide], (n, 1, w, c), "i32", axis=1)
+        total = self.add("reduce_sum", [rows], (n, 1, 1, c), "i32", axis=2)
+        result = self.rescale(total, (n, 1, 1, c), np.array([x.scale / (h * w * out_scale)]), 0, out_zp, "i32")
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, (n, 1, 1, c), out_scale, out_zp, True)
+
+    def gather(self, node: ir.Node) -> None:
+        """A Gather of int8 values at indices known once the shapes are static: ``tosa.gather`` on
+        the values as ``[outer, K, inner]`` with the indices repeated for each outer row."""
+        x, _ = self.same_scale(node)
+        x = self.nchw(x)
+        index_value = node.inputs[1]
+        indices = constant(index_value)
+        if indices is None and index_value is not None:
+            indices = self.integers.get(str(index_value.name))
+        if indices is None:
+            raise TosaError(f"node '{node.name}' (Gather): its indices are not known when the shapes are static")
+        axis = node.attributes.get_int("axis", 0) % len(x.shape)
+        outer, size = int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis]
+        inner = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
+        flat = np.asarray(indices, np.int64).reshape(-1) % size
+        values = self.add("reshape", [x.name], (outer, size, inner), "i8", new_shape=[outer, size, inner])
+        table = self.const(np.tile(flat, (outer, 1)), "i32")
+        picked = self.add("gather", [values, table], (outer, len(flat), inner), "i8")
+        shape = self.shape_of(node.outputs[0])
+        self.finish(node, self.add("reshape", [picked], shape, "i8", new_shape=list(shape)), shape, False)
+
+    def identity(self, node: ir.Node) -> None:
+        x, _ = self.same_scale(node)
+        self.finish(node, x.name, x.shape, x.nhwc)
+
+    def reshape(self, node: ir.Node) -> None:
+        x, _ = self.same_scale(node)
+        x = self.nchw(x)
+        shape = self.shape_of(node.outputs[0])
+        self.finish(node, self.add("reshape", [x.name], shape, "i8", new_shape=list(shape)), shape, False)
+
+    def clamp(self, node: ir.Node) -> None:
+        x = self.source(node.inputs[0], node)
+        q, scale, zp = self.quantized_output(node.outputs[0], node)
+        if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
+            raise TosaError(f"node '{node.name}' ({node.op_type}): its input and output are quantized differently")
+        name = self.clamp_after(x.name, x.shape, node, scale, zp)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, scale, zp, x.nhwc)
+
+    def add_op(self, node: ir.Node) -> None:
+        """A sum of two tensors, int8 or int32 streams, on a common int32 scale. Rounded to int8 when
+        one QuantizeLinear is all that reads it; otherwise (a residual connection, which requant
+        keeps float on ONNX Runtime) it stays an int32 stream: each QuantizeLinear reading it gets
+        its own rescale to int8, and the next sum reads the stream."""
+        a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in node.inputs[:2] if v is not None)
+        if a.shape != b.shape:
+            a, b = self.nhwc(a), self.nhwc(b)
+        if a.shape != b.shape or a.nhwc != b.nhwc:
+            raise TosaError(f"node '{node.name}': an Add of two tensors of different shapes is not lowered")
+        streams = [t for t in (a, b) if t.wide]
+        # a stream keeps its scale; two int8 tensors start one 2**16 times finer than the coarser input
+        common = streams[0].scale if streams else max(a.scale, b.scale) / (1 << STREAM_BITS)
+        parts = [self.rescale_to_i32(t, t.scale / common) for t in (a, b)]
+        total = _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, wide=True)
+        value = node.outputs[0]
+        readers = [u.node for u in value.uses()]
+        if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add") for r in readers):
+            kinds = ", ".join(sorted({r.op_type for r in readers})) or "a graph output"
+            raise TosaError(
+                f"node '{node.name}' (Add): its sum is read by {kinds}; only by QuantizeLinear or Add is lowered"
+            )
+        self.wide[str(value.name)] = total
+        for q in (r for r in readers if r.op_type == "QuantizeLinear"):
+            out_scale, out_zp = _params(q)
+            result = self.rescale(total.name, a.shape, np.array([common / out_scale]), 0, out_zp, "i32")
+            self.tensors[str(q.outputs[0].name)] = _Tensor(result, a.shape, out_scale, out_zp, a.nhwc)
+
+    def rescale_to_i32(self, t: _Tensor, scale: float) -> str:
+        """``t`` (int8, or an int32 stream) as int32 values of ``t.scale / scale``, its zero point removed."""
+        if t.wide and scale == 1.0:
+            return t.name
+        m, s = multiplier_shift(scale)
+        zero = self.zero_point(t.zero_point, "i32" if t.wide else "i8")
+        return self.add("rescale", [t.name, self.const(np.array([m]), "i32"),
+                                    self.add("const", [], (1,), "i8", value=np.array([s], np.int8)),
+                                    zero, self.zero_point(0, "i32")],
+                        t.shape, "i32", per_channel=False, scale32=True)  # fmt: skip
+
+
+LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MaxPool": _Lowering.max_pool,
+             "Reshape": _Lowering.reshape, "Flatten": _Lowering.reshape, "Relu": _Lowering.clamp,
+             "Clip": _Lowering.clamp, "Add": _Lowering.add_op,
+             "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
+             "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape}  # fmt: skip
+
+
+def _params(q: ir.Node) -> tuple[float, int]:
+    """A QuantizeLinear's scale and zero point, the zero point as int8 (uint8 shifted by -128)."""
+    scale = constant(q.inputs[1]) if len(q.inputs) > 1 else None
+    zp = constant(q.inputs[2]) if len(q.inputs) > 2 else None
+    if scale is None or scale.size != 1:
+        raise TosaError(f"QuantizeLinear '{q.name}': a constant per-tensor scale is lowered, not this one")
+    zero = zp if zp is not None else np.zeros((), np.uint8)
+    if zero.dtype not in (np.uint8, np.int8):
+        raise TosaError(f"QuantizeLinear '{q.name}': 8-bit activations are lowered, not {zero.dtype}")
+    return float(scale.reshape(())), int(zero.reshape(())) - (128 if zero.dtype == np.uint8 else 0)
+
+
+def _dequantized_constant(value: ir.Value | None, node: ir.Node) -> tuple[Array, Array, Array]:
+    """The integers, scale and zero point of a constant ``DequantizeLinear`` input of ``node``."""
+    dq = value.producer() if value is not None else None
+    data = constant(dq.inputs[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    if dq is None or data is None:
+        raise TosaError(f"node '{node.name}': input '{value.name if value else '?'}' is not a quantized constant")
+    scale = constant(dq.inputs[1])
+    zp = constant(dq.inputs[2]) if len(dq.inputs) > 2 else None
+    assert scale is not None
+    return np.asarray(data), np.asarray(scale, np.float64), np.asarray(zp if zp is not None else 0)
+
+
+def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[str, Array]]:
+    """Every value's shape with the inputs' batch fixed to 1, and the values of its integer tensors
+    (shape arithmetic, an exporter's gather indices): the model runs once in ONNX Runtime on zeros
+    (shape inference does not follow an exporter's shape arithmetic into a Reshape)."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    from requant.runtime import cpu_session
+
+    proto = ir.to_proto(model)
+    feeds = {}
+    for graph_input in proto.graph.input:
+        dims = graph_input.type.tensor_type.shape.dim
+        shape = []
+        for i, dim in enumerate(dims):
+            if dim.HasField("dim_value"):
+                shape.append(dim.dim_value)
+            elif i == 0:
+                shape.append(1)
+            else:
+                raise TosaError(f"input '{graph_input.name}' has a dynamic dimension {i}: fix it before lowering")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
+        feeds[graph_input.name] = np.zeros(shape, dtype)
+    known = {o.name for o in proto.graph.output}
+    types = {str(v.name): v.dtype for n in model.graph for v in n.outputs}
+    for name in (o for n in proto.graph.node for o in n.output if o and o not in known):
+        element = types.get(name)
+        if element is not None:
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, int(element), None))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = cpu_session(proto.SerializeToString(), options)
+    outputs = [o.name for o in session.get_outputs()]
+    shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+    integers = {}
+    for name, array in zip(outputs, session.run(outputs, feeds), strict=True):
+        shapes[name] = tuple(np.shape(array))
+        if np.asarray(array).dtype.kind in "iu" and np.size(array) <= 1 << 16:
+            integers[name] = np.asarray(array)
+    return shapes, integers
+
+
+def lower_to_tosa(model: ir.Model) -> TosaProgram:
+    """The integer TOSA program of a QDQ ``model`` (requant's output), batch 1."""
+    for node in model.graph:  # integer-only: a node computing on float values is an error, named
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear", *SHAPE_OPS):
+            continue
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if value is None or value.dtype != ir.DataType.FLOAT or constant(value) is not None:
+                continue
+            if producer is None or producer.op_type != "DequantizeLinear":
+                if producer is not None and producer.op_type in ("Conv", "Gemm") and node.op_type in ("Relu", "Clip"):
+                    continue  # an activation lowered with its kernel
+                if producer is not None and producer.op_type == "Add" and node.op_type == "Add":
+                    continue  # a residual stream (int32)
+                raise TosaError(
+                    f"node '{node.name}' ({node.op_type}) computes in float: its input '{value.name}' is not "
+                    "quantized, and the tosa-int8 target is integer-only (the report's quantizers say why)"
+                )
+    shapes, integers = _static_shapes(model)
+    lowering = _Lowering(model.graph, shapes, integers)
+    inputs: list[Edge] = []
+    arguments: list[str] = []
+    for value in model.graph.inputs:
+        uses = [u.node for u in value.uses()]
+        quantizers = [n for n in uses if n.op_type == "QuantizeLinear"]
+        if len(quantizers) != 1 or any(n.op_type not in ("QuantizeLinear", *SHAPE_OPS) for n in uses):
+            raise TosaError(f"input '{value.name}' is not read through one QuantizeLinear (the function takes int8)")
+        scale, zp = _params(quantizers[0])
+        shape = lowering.shape_of(value)
+        name = f"%arg{len(arguments)}"
+        arguments.append(name)
+        inputs.append(Edge(str(value.name), shape, scale, zp))
+        lowering.tensors[str(quantizers[0].outputs[0].name)] = _Tensor(name, shape, scale, zp)
+    for node in model.graph:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.op_type in SHAPE_OPS:
+            continue
+        if all(o.dtype is not None and o.dtype != ir.DataType.FLOAT for o in node.outputs):
+            continue  # shape arithmetic (int64): the shapes are static here
+        if node.op_type in ("Relu", "Clip") and node.inputs[0] is not None:
+            producer = node.inputs[0].producer()
+            if producer is not None and producer.op_type in ("Conv", "Gemm"):
+                continue  # written with its kernel
+        lower = LOWERINGS.get(node.op_type)
+        if lower is None:
+            raise TosaError(f"node '{node.name}' ({node.op_type}): the tosa-int8 backend does not lower this op yet")
+        lower(lowering, node)
+    outputs: list[Edge] = []
+    results: list[str] = []
+    for value in model.graph.outputs:
+        dq = value.producer()
+        found = lowering.tensors.get(str(dq.inputs[0].name)) if dq is not None and dq.inputs[0] is not None else None
+        if dq is None or dq.op_type != "DequantizeLinear" or found is None:
+            raise TosaError(f"output '{value.name}' is not a dequantized int8 tensor (the function returns int8)")
+        found = lowering.nchw(found)
+        outputs.append(Edge(str(value.name), found.shape, found.scale, found.zero_point))
+        results.append(found.name)
+    types = {
+        str(v.name): str(t)
+        for v in (n.outputs[0] for n in model.graph if n.op_type == "QuantizeLinear")
+        if (t := v.meta.get("requant.quant_type")) is not None
+    }
+    return TosaProgram(inputs, outputs, lowering.ops, arguments, results, types)
+
+
+# ------------------------------------------------------------------ MLIR text (TOSA 1.0, generic form)
+def _type(shape: tuple[int, ...], dtype: str) -> str:
+    return f"tensor<{'x'.join(str(d) for d in shape)}{'x' if shape else ''}{dtype}>"
+
+
+def _dense(array: Array) -> str:
+    data = np.ascontiguousarray(array)
+    return f'dense<"0x{data.astype(data.dtype.newbyteorder("<")).tobytes().hex().upper()}">'
+
+
+def _array(values: list[int]) -> str:
+    return f"array<i64: {', '.join(str(int(v)) for v in values)}>"
+
+
+def _attributes(op: TosaOp, rounding: str) -> str:
+    a = op.attrs
+    if op.kind == "const":
+        assert op.value is not None
+        return f"values = {_dense(op.value)} : {_type(op.shape, op.dtype)}"
+    if op.kind in ("conv2d", "depthwise_conv2d"):
+        return (f"acc_type = i32, dilation = {_array(a['dilation'])}, pad = {_array(a['pad'])}, "
+                f"stride = {_array(a['stride'])}")  # fmt: skip
+    if op.kind == "rescale":
+        return (f"input_unsigned = false, output_unsigned = false, per_channel = {str(a['per_channel']).lower()}, "
+                f"rounding_mode = #tosa.rounding_mode<{rounding.upper()}>, scale32 = true")  # fmt: skip
+    if op.kind == "clamp":
+        return f"max_val = {a['max_val']} : i8, min_val = {a['min_val']} : i8, nan_mode = #tosa.nan_mode<PROPAGATE>"
+    if op.kind == "max_pool2d":
+        return (f"kernel = {_array(a['kernel'])}, nan_mode = #tosa.nan_mode<PROPAGATE>, pad = {_array(a['pad'])}, "
+                f"stride = {_array(a['stride'])}")  # fmt: skip
+    if op.kind == "transpose":
+        return f"perms = array<i32: {', '.join(str(p) for p in a['perms'])}>"
+    if op.kind == "reduce_sum":
+        return f"axis = {a['axis']} : i32"
+    return ""
+
+
+def to_mlir(program: TosaProgram, rounding: str = "single_round", name: str = "main") -> str:
+    """``program`` as MLIR text in the generic op form (what both LLVM 22's ``mlir-opt`` and IREE's
+    bundled MLIR parse), with a header giving each edge's quantization and each tensor's type."""
+    if rounding not in ROUNDING:
+        raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
+    types: dict[str, str] = {}
+    lines = ["// requant: integer-only TOSA 1.0 (int profile); the host quantizes the inputs and",
+             "// dequantizes the outputs with these parameters (real = scale * (q - zero_point)):"]  # fmt: skip
+    for what, edges in (("input", program.inputs), ("output", program.outputs)):
+        for e in edges:
+            lines.append(f"//   {what} {e.name}: i8 {list(e.shape)} scale {e.scale!r} zero_point {e.zero_point}")
+    lines.append("// quantized tensors of the model (requant's types; uint8 ones are stored here as int8, zp - 128):")
+    lines += [f"//   {n}: {t}" for n, t in sorted(program.types.items())]
+    args = ", ".join(f"{a}: {_type(e.shape, 'i8')}" for a, e in zip(program.arguments, program.inputs, strict=True))
+    for a, e in zip(program.arguments, program.inputs, strict=True):
+        types[a] = _type(e.shape, "i8")
+    results = ", ".join(_type(e.shape, "i8") for e in program.outputs)
+    lines.append(f"func.func @{name}({args}) -> ({results}) {{")
+    for op in program.ops:
+        result_type = _type(op.shape, op.dtype)
+        operands = list(op.inputs)
+        operand_types = [types[o] for o in operands]
+        for key in ("start", "size") if op.kind == "slice" else ():  # !tosa.shape operands
+            rank = len(op.attrs[key])
+            lines.append(f"  {op.output}_{key} = \"tosa.const_shape\"() <{{values = dense<{list(op.attrs[key])}> : "
+                         f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
+            operands.append(f"{op.output}_{key}")
+            operand_types.append(f"!tosa.shape<{rank}>")
+        if op.kind == "reshape":  # the new shape is a !tosa.shape operand
+            shape_name = f"{op.output}_shape"
+            rank = len(op.attrs["new_shape"])
+            dims = list(op.attrs["new_shape"])
+            lines.append(f"  {shape_name} = \"tosa.const_shape\"() <{{values = dense<{dims}> : "
+                         f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
+            operands.append(shape_name)
+            operand_types.append(f"!tosa.shape<{rank}>")
+        attrs = _attributes(op, rounding)
+        lines.append(
+            f'  {op.output} = "tosa.{op.kind}"({", ".join(operands)})'
+            + (f" <{{{attrs}}}>" if attrs else "")
+            + f" : ({', '.join(operand_types)}) -> {result_type}"
+        )
+        types[op.output] = result_type
+    lines.append(f"  func.return {', '.join(program.results)} : {results}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

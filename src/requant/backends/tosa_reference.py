@@ -1,0 +1,177 @@
+"""A NumPy interpreter of the integer TOSA programs :mod:`requant.backends.tosa` writes, bit for bit
+as the TOSA 1.0 specification defines each op (int64 arithmetic where it widens, its rounding).
+
+It is the reference the emitted MLIR is checked against (IREE must compute the same integers), and
+what requant uses to evaluate a TOSA output without compiling it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.backends.tosa import ROUNDING, TosaError, TosaOp, TosaProgram
+
+__all__ = ["apply_scale_32", "run_tosa"]
+
+Array = npt.NDArray[Any]
+
+
+def apply_scale_32(value: Array, multiplier: Array, shift: Array, double_round: bool = False) -> Array:
+    """TOSA's ``apply_scale_32``: ``(value * multiplier + round) >> shift`` in int64, ``round`` half
+    of the last step (and, with ``double_round``, one more half step away from zero past shift 31)."""
+    value, multiplier, shift = (np.asarray(a, np.int64) for a in (value, multiplier, shift))
+    if np.any((shift < 2) | (shift > 62)) or np.any(multiplier < 0):
+        raise TosaError("apply_scale_32: shift outside [2, 62] or a negative multiplier")
+    limit = np.left_shift(np.int64(1), shift - 1)
+    if np.any((value < -limit) | (value >= limit)):
+        raise TosaError("apply_scale_32: a value outside the range its shift allows")
+    rounding = limit.copy() if limit.ndim else np.int64(limit)
+    if double_round:
+        rounding = rounding + np.where(shift > 31, np.where(value >= 0, 1 << 30, -(1 << 30)), 0)
+    result: Array = np.right_shift(value * multiplier + rounding, shift)
+    return result
+
+
+def _const(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    assert op.value is not None
+    return op.value
+
+
+def _window_sum(x: Array, w: Array, pad: list[int], stride: list[int], dilation: list[int], depthwise: bool) -> Array:
+    """``x`` NHWC (int64, zero point removed) with ``w`` (OHWI, or KH KW C M when ``depthwise``)."""
+    top, bottom, left, right = pad
+    x = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))  # out of bounds adds nothing: zeros
+    kh, kw = (w.shape[0], w.shape[1]) if depthwise else (w.shape[1], w.shape[2])
+    n, h, wd, c = x.shape
+    oh = (h - (kh - 1) * dilation[0] - 1) // stride[0] + 1
+    ow = (wd - (kw - 1) * dilation[1] - 1) // stride[1] + 1
+    patches = np.empty((n, oh, ow, kh, kw, c), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0])
+            cols = slice(j * dilation[1], j * dilation[1] + (ow - 1) * stride[1] + 1, stride[1])
+            patches[:, :, :, i, j, :] = x[:, rows, cols, :]
+    if depthwise:  # out[..., c * M + m] = sum_ij patches[..., i, j, c] * w[i, j, c, m]
+        out: Array = np.einsum("nhwijc,ijcm->nhwcm", patches, w).reshape(n, oh, ow, -1)
+    else:
+        out = np.einsum("nhwijc,oijc->nhwo", patches, w)
+    return out
+
+
+def _conv(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    x, w, bias, x_zp, w_zp = args
+    x = x.astype(np.int64) - np.int64(x_zp[0])
+    w = w.astype(np.int64) - np.int64(w_zp[0])
+    a = op.attrs
+    out = _window_sum(x, w, a["pad"], a["stride"], a["dilation"], op.kind == "depthwise_conv2d")
+    return _int32(out + bias.astype(np.int64), op)
+
+
+def _int32(values: Array, op: TosaOp) -> Array:
+    if values.size and (values.min() < -(2**31) or values.max() >= 2**31):
+        raise TosaError(f"{op.kind} {op.output}: the int32 accumulator overflows")
+    return values.astype(np.int32)
+
+
+def _matmul(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    a, b, a_zp, b_zp = args
+    a = a.astype(np.int64) - np.int64(a_zp[0])
+    b = b.astype(np.int64) - np.int64(b_zp[0])
+    return _int32(np.matmul(a, b), op)
+
+
+def _add(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return _int32(args[0].astype(np.int64) + args[1].astype(np.int64), op)
+
+
+def _rescale(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    x, multiplier, shift, in_zp, out_zp = args
+    value = x.astype(np.int64) - np.int64(in_zp[0])
+    if not op.attrs["per_channel"]:
+        multiplier, shift = multiplier[:1], shift[:1]
+    scaled = apply_scale_32(value, multiplier, shift, rounding == "double_round") + np.int64(out_zp[0])
+    limits = {"i8": (-128, 127), "i32": (-(2**31), 2**31 - 1)}[op.dtype]
+    return np.clip(scaled, *limits).astype(np.int8 if op.dtype == "i8" else np.int32)
+
+
+def _clamp(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return np.clip(args[0], op.attrs["min_val"], op.attrs["max_val"]).astype(args[0].dtype)
+
+
+def _max_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    x = args[0]
+    top, bottom, left, right = op.attrs["pad"]
+    low = np.iinfo(x.dtype).min
+    x = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=low)  # padding never wins
+    kh, kw = op.attrs["kernel"]
+    sh, sw = op.attrs["stride"]
+    n, oh, ow, c = op.shape
+    out = np.full((n, oh, ow, c), low, x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out = np.maximum(out, x[:, i : i + (oh - 1) * sh + 1 : sh, j : j + (ow - 1) * sw + 1 : sw, :])
+    return out
+
+
+def _reduce_sum(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return _int32(args[0].astype(np.int64).sum(axis=op.attrs["axis"], keepdims=True), op)
+
+
+def _gather(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    values, indices = args  # [N, K, C] and [N, W]: out[n, w] = values[n, indices[n, w]]
+    if indices.size and (indices.min() < 0 or indices.max() >= values.shape[1]):
+        raise TosaError(f"gather {op.output}: an index outside [0, {values.shape[1]})")
+    return np.take_along_axis(values, indices.astype(np.int64)[:, :, None], axis=1)
+
+
+def _slice(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    index = tuple(slice(b, b + n) for b, n in zip(op.attrs["start"], op.attrs["size"], strict=True))
+    return np.ascontiguousarray(args[0][index])
+
+
+def _transpose(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return np.ascontiguousarray(args[0].transpose(op.attrs["perms"]))
+
+
+def _reshape(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return args[0].reshape(op.attrs["new_shape"])
+
+
+OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
+    "const": _const,
+    "conv2d": _conv,
+    "depthwise_conv2d": _conv,
+    "matmul": _matmul,
+    "add": _add,
+    "rescale": _rescale,
+    "clamp": _clamp,
+    "max_pool2d": _max_pool,
+    "reduce_sum": _reduce_sum,
+    "gather": _gather,
+    "slice": _slice,
+    "transpose": _transpose,
+    "reshape": _reshape,
+}
+
+
+def run_tosa(program: TosaProgram, inputs: Mapping[str, Array], rounding: str = "single_round") -> list[Array]:
+    """The program's int8 outputs on int8 ``inputs`` (by the model's input names)."""
+    if rounding not in ROUNDING:
+        raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
+    values: dict[str, Array] = {}
+    for name, edge in zip(program.arguments, program.inputs, strict=True):
+        array = np.asarray(inputs[edge.name])
+        if array.dtype != np.int8 or array.shape != edge.shape:
+            got = f"{array.dtype} {list(array.shape)}"
+            raise TosaError(f"input '{edge.name}': expected int8 {list(edge.shape)}, got {got}")
+        values[name] = array
+    for op in program.ops:
+        result = OPS[op.kind](op, [values[i] for i in op.inputs], rounding)
+        if tuple(result.shape) != op.shape:
+            raise TosaError(f"{op.kind} {op.output}: computed shape {result.shape}, declared {op.shape}")
+        values[op.output] = result
+    return [values[r] for r in program.results]

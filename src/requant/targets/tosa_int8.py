@@ -1,0 +1,91 @@
+"""TOSA 1.0, int profile: integer-only kernels, as a support table and a kernel model.
+
+Everything between the model's inputs and outputs is an integer: 8-bit activations with a zero
+point, symmetric int8 weights (per output channel or per tensor), int32 biases on the input scale
+times the weight scale, and int32 accumulators brought back to int8 by ``tosa.rescale``. So every
+op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
+residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
+carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
+(2-d, and depthwise) and ``Gemm`` with a folded Relu or Clip, ``Add``, ``Relu``, ``Clip``,
+``MaxPool``, ``GlobalAveragePool``, ``Reshape`` and ``Flatten``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from requant.ir.queries import constant
+from requant.ir.requests import QuantizationSpec
+from requant.ir.traits import WEIGHTED
+from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, SPATIAL_MEAN, SUB_TO_ADD
+from requant.targets.kernels import _CONV, _LINEAR, KernelModel, KernelRule
+from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict, non_float, sums_activations
+from requant.types.accumulation import INT32
+
+if TYPE_CHECKING:
+    from requant.quantizers.config import QuantizationConfig
+
+__all__ = ["TOSA_INT8", "TOSA_INT32"]
+
+ACTIVATION_DTYPES = ("int8", "uint8")  # uint8 is written as int8 (q - 128, zero point - 128): exact
+PRODUCERS = ("Conv", "Gemm")
+FOLDED_ACTIVATIONS = ("Relu", "Clip")
+STANDALONE = ("Add", "Relu", "Clip", "GlobalAveragePool")
+
+
+def _check(match: Match, config: QuantizationConfig) -> Verdict:
+    node = match.nodes[0]
+    integer = non_float(match)
+    if integer is not None:
+        return Reject(f"computes on {integer}, not float activations (shape arithmetic stays as it is)", at=node)
+    if config.float_output:
+        return Reject("TOSA's int profile has no float outputs: every kernel's output is int8", at=node)
+    if isinstance(config.input_activation, QuantizationSpec) and sums_activations(match):
+        return Reject(
+            "a sum of two activations (a residual connection) is not rounded to int8: the backend carries it as "
+            "an int32 stream on a fine scale, and the kernels that read it rescale it to their int8 input "
+            "(MobileNetV2's residual sums rounded to int8 lost 12 points of top-1 agreement)",
+            at=node,
+        )
+    for what, spec in (("input activation", config.input_activation), ("output activation", config.output_activation)):
+        if not isinstance(spec, QuantizationSpec):
+            continue
+        if spec.dtype not in ACTIVATION_DTYPES or spec.granularity != "per_tensor":
+            return Reject(f"{what}: TOSA's int profile takes 8-bit activations per tensor, not {spec}", at=node)
+    if node.op_type in WEIGHTED:
+        weight_index, _ = WEIGHTED[node.op_type]
+        data = constant(node.inputs[weight_index])
+        spec = config.weight
+        if data is None:
+            return Reject(f"{node.op_type} weight is not a constant (lowered: constant weights)", at=node)
+        if node.op_type == "Conv" and data.ndim != 4:
+            return Reject(f"the tosa-int8 backend lowers 2-d convolutions; this one is {data.ndim - 2}-d", at=node)
+        if isinstance(spec, QuantizationSpec) and (
+            spec.dtype != "int8" or not spec.symmetric or spec.granularity == "blockwise"
+        ):
+            return Reject(f"TOSA's int profile takes symmetric int8 weights, not {spec}", at=node)
+    return Accept()
+
+
+def _not_lowered(match: Match, config: QuantizationConfig) -> Verdict:
+    node = match.nodes[0]
+    return Reject(f"the tosa-int8 backend does not lower {node.op_type} yet", at=node)
+
+
+def _patterns() -> tuple[Pattern, ...]:
+    chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
+    chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
+    chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
+    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "Mul", "Sigmoid", "AveragePool", "Softmax")
+    return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
+
+
+TOSA_INT8 = SupportTable(
+    "TOSA_INT8_SUPPORT", _patterns(), None, (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, SPATIAL_MEAN)
+)
+
+TOSA_INT32 = KernelModel(
+    "TOSA int profile",
+    "any TOSA 1.0 implementation of the int profile (IREE, the Arm Ethos-U flow): int32 accumulators",
+    (KernelRule("tosa.conv2d, tosa.depthwise_conv2d, tosa.matmul (int32 accumulator)", _CONV | _LINEAR, INT32),),
+)

@@ -1,0 +1,249 @@
+"""The tosa-int8 target: integer-only TOSA MLIR lowered from requant's QDQ model, checked by LLVM 22's
+mlir-opt (TOSA 1.0 int profile) and run by IREE, bit for bit against requant's NumPy interpreter."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+
+import requant.api
+from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, multiplier_shift, to_mlir
+from requant.backends.tosa_reference import apply_scale_32, run_tosa
+from requant.backends.tosa_tools import IreeModule, compile_iree, tools_missing, validate_tosa
+from requant.cli import main
+from requant.errors import RequantError
+
+DIGITS = Path(__file__).parent.parent / "examples" / "digits"
+MISSING = tools_missing()
+needs_tools = pytest.mark.skipif(bool(MISSING), reason=f"not installed: {MISSING}")
+
+
+def test_a_scale_becomes_a_32_bit_multiplier_and_a_shift() -> None:
+    rng = np.random.default_rng(0)
+    for scale in [*rng.uniform(1e-9, 1.0, 200), *(2.0 ** -np.arange(1, 32)), 0.5, 0.9999999999, 3.0]:
+        m, s = multiplier_shift(float(scale))
+        assert 1 << 30 <= m < 1 << 31 and 2 <= s <= 62
+        assert abs(m * 2.0**-s - scale) <= scale * 2.0**-30
+    for bad in (0.0, -1.0, math.inf, 2.0**40, 2.0**-40):
+        with pytest.raises(TosaError):
+            multiplier_shift(bad)
+
+
+def test_apply_scale_rounds_half_up_and_double_round_adds_half_a_step_past_shift_31() -> None:
+    value = np.array([5, -5, 6, -6, 7], np.int64)  # 5 * 2**30 >> 31 = 2.5 -> 3; -2.5 -> -2 (half up)
+    assert apply_scale_32(value, np.int64(1 << 30), np.int64(31)).tolist() == [3, -2, 3, -3, 4]
+    big = np.array([3, -3], np.int64)  # shift 40: 3 * 2**30 / 2**40 = 0.0029...; double round moves it
+    single = apply_scale_32(big, np.int64(1 << 30), np.int64(40))
+    double = apply_scale_32(big, np.int64(1 << 30), np.int64(40), double_round=True)
+    assert single.tolist() == [0, 0] and double.tolist() == [0, 0]
+    exact = [(int(v) * (1 << 30) + (1 << 39)) >> 40 for v in big]
+    assert single.tolist() == exact
+    with pytest.raises(TosaError):
+        apply_scale_32(np.array([1 << 40]), np.int64(1 << 30), np.int64(31))
+
+
+def _program(rng: np.random.Generator) -> TosaProgram:
+    """Every op the backend writes, on random int8 data with zero points and odd shapes."""
+    ops: list[TosaOp] = []
+
+    def op(kind: str, inputs: list[str], shape: tuple[int, ...], dtype: str, **attrs: object) -> str:
+        value = attrs.pop("value", None)
+        name = f"%t{len(ops)}"
+        ops.append(TosaOp(kind, inputs, name, shape, dtype, dict(attrs), value))  # type: ignore[arg-type]
+        return name
+
+    def const(array: np.ndarray) -> str:
+        dtype = {np.dtype(np.int8): "i8", np.dtype(np.int32): "i32"}[array.dtype]
+        return op("const", [], array.shape, dtype, value=array)
+
+    zp = lambda v, t=np.int8: const(np.array([v], t))  # noqa: E731
+    x = "%arg0"
+    w = rng.integers(-127, 128, (6, 3, 3, 5), dtype=np.int8)
+    b = rng.integers(-5000, 5000, 6).astype(np.int32)
+    conv = op("conv2d", [x, const(w), const(b), zp(-7), zp(0)], (1, 6, 6, 6), "i32",
+              pad=[1, 1, 1, 0], stride=[2, 2], dilation=[1, 1])  # fmt: skip
+    m = rng.integers(1 << 30, 1 << 31, 6).astype(np.int32)
+    s = rng.integers(24, 31, 6).astype(np.int8)
+    r1 = op("rescale", [conv, const(m), const(s), zp(0, np.int32), zp(3)], (1, 6, 6, 6), "i8",
+            per_channel=True, scale32=True)  # fmt: skip
+    c1 = op("clamp", [r1], (1, 6, 6, 6), "i8", min_val=-20, max_val=100)
+    dw = rng.integers(-127, 128, (3, 3, 6, 2), dtype=np.int8)
+    dconv = op("depthwise_conv2d", [c1, const(dw), const(np.zeros(12, np.int32)), zp(3), zp(0)], (1, 6, 6, 12), "i32",
+               pad=[1, 1, 1, 1], stride=[1, 1], dilation=[1, 1])  # fmt: skip
+    r2 = op("rescale", [dconv, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 40, np.int8)), zp(0, np.int32),
+                        zp(-4)], (1, 6, 6, 12), "i8", per_channel=False, scale32=True)  # fmt: skip
+    pool = op("max_pool2d", [r2], (1, 3, 3, 12), "i8", kernel=[2, 2], stride=[2, 2], pad=[0, 0, 0, 0])
+    wide = op("rescale", [pool, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 30, np.int8)), zp(-4),
+                          zp(0, np.int32)], (1, 3, 3, 12), "i32", per_channel=False, scale32=True)  # fmt: skip
+    rows = op("reduce_sum", [wide], (1, 1, 3, 12), "i32", axis=1)
+    total = op("add", [rows, rows], (1, 1, 3, 12), "i32")
+    r3 = op("rescale", [total, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 33, np.int8)), zp(0, np.int32),
+                        zp(0)], (1, 1, 3, 12), "i8", per_channel=False, scale32=True)  # fmt: skip
+    t = op("transpose", [r3], (1, 12, 1, 3), "i8", perms=[0, 3, 1, 2])
+    flat = op("reshape", [t], (1, 12, 3), "i8", new_shape=[1, 12, 3])
+    picked = op("gather", [flat, const(rng.integers(0, 12, (1, 7)).astype(np.int32))], (1, 7, 3), "i8")
+    weights = rng.integers(-127, 128, (1, 3, 4), dtype=np.int8)
+    mm = op("matmul", [picked, const(weights), zp(2), zp(0)], (1, 7, 4), "i32")
+    out = op("rescale", [mm, const(np.full(4, 1 << 30, np.int32)), const(np.array([33, 34, 35, 36], np.int8)),
+                         zp(0, np.int32), zp(1)], (1, 7, 4), "i8", per_channel=True, scale32=True)  # fmt: skip
+    return TosaProgram([Edge("x", (1, 11, 12, 5), 1.0, -7)], [Edge("y", (1, 7, 4), 1.0, 1)], ops, ["%arg0"], [out], {})
+
+
+@needs_tools
+@pytest.mark.tosa
+@pytest.mark.parametrize("rounding", ["single_round", "double_round"])
+def test_iree_computes_what_the_interpreter_computes_for_every_op(rounding: str) -> None:
+    program = _program(np.random.default_rng(3))
+    text = to_mlir(program, rounding)
+    validate_tosa(text)
+    module = IreeModule(compile_iree(text))
+    for seed in range(4):
+        data = {"x": np.random.default_rng(seed).integers(-128, 128, (1, 11, 12, 5), dtype=np.int8)}
+        (expected,) = run_tosa(program, data, rounding)
+        (got,) = module.run([data["x"]])
+        assert got.dtype == np.int8 and np.array_equal(got, expected), f"seed {seed}: {np.sum(got != expected)} differ"
+    assert len(np.unique(expected)) > 3  # not all saturated: the values say something
+
+
+@needs_tools
+@pytest.mark.tosa
+def test_the_digits_cnn_as_integer_tosa(tmp_path: Path) -> None:
+    """The CLI writes MLIR; mlir-opt accepts it under the int profile; IREE runs it bit for bit as the
+    interpreter; its answers are the float model's (goal: accuracy within 0.5 points of float)."""
+    out = tmp_path / "digits.mlir"
+    code = main(["quantize", str(DIGITS / "digits_cnn.onnx"), "--calib", str(DIGITS / "calib.npz"), "-o", str(out),
+                 "--target", "tosa-int8", "--no-measure"])  # fmt: skip
+    assert code == 0
+    text = out.read_text()
+    assert text.startswith("// requant: integer-only TOSA 1.0") and "!quant.uniform<" in text
+    assert '"tosa.conv2d"' in text and '"tosa.rescale"' in text and "f32" not in text.split("func.func")[1]
+    validate_tosa(text)
+    module = IreeModule(compile_iree(text))
+    result = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", target="tosa-int8", measure=False)
+    assert result.mlir() == text  # deterministic
+    program = result.tosa
+    assert program is not None
+    with np.load(DIGITS / "eval.npz") as e:
+        x, labels = e["x"], e["labels"]
+    edge_in = program.inputs[0]
+    floats = ort.InferenceSession(str(DIGITS / "digits_cnn.onnx"), providers=["CPUExecutionProvider"])
+    answers, float_answers = [], []
+    for i in range(len(x)):
+        q = np.clip(np.rint(x[i : i + 1] / edge_in.scale) + edge_in.zero_point, -128, 127).astype(np.int8)
+        (expected,) = run_tosa(program, {edge_in.name: q})
+        if i < 40:
+            (got,) = module.run([q])
+            assert np.array_equal(got, expected), f"sample {i}"
+        answers.append(int(expected.argmax()))
+        float_answers.append(int(floats.run(None, {"x": x[i : i + 1]})[0].argmax()))
+    accuracy, float_accuracy = np.mean(np.array(answers) == labels), np.mean(np.array(float_answers) == labels)
+    assert accuracy >= float_accuracy - 0.005, (accuracy, float_accuracy)
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0
+
+
+def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None:
+    """Conv -> Relu, MaxPool, Flatten, Gemm: the integers differ from the QDQ model's in ONNX Runtime
+    only by rounding (fixed point, half up, against float, half to even): at most one output step."""
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,9,9] x) => (float[1,5] y) {'
+        " c = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, w, b) r = Relu(c)"
+        " p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (r) f = Flatten(p) y = Gemm <transB = 1> (f, g, h) }"
+    )
+    rng = np.random.default_rng(0)
+    for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("g", (5, 32)), ("h", (5,))):
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        )
+    data = [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    kinds = [op.kind for op in result.tosa.ops if op.kind != "const"]
+    # the Relu went into the rescale's int8 range (its output zero point is the lowest value); the pool
+    # reads 4 of the 5 rows and columns: TOSA wants the fifth sliced off
+    assert kinds == ["transpose", "conv2d", "rescale", "slice", "max_pool2d", "transpose", "reshape", "reshape",
+                     "matmul", "add", "rescale", "reshape"]  # fmt: skip
+    assert result.report["tosa"]["against_qdq"]["samples"] == 8
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    if not MISSING:
+        text = result.mlir()
+        validate_tosa(text)
+        module = IreeModule(compile_iree(text))
+        edge = result.tosa.inputs[0]
+        for sample in data:
+            q = np.clip(np.rint(sample["x"] / edge.scale) + edge.zero_point, -128, 127).astype(np.int8)
+            assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {"x": q})[0])
+
+
+def test_what_the_backend_cannot_lower_is_an_error_naming_the_node(tmp_path: Path) -> None:
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[1,4] x) => (float[1,4] y) { s = Sigmoid(x) y = Relu(s) }'
+    )
+    data = [{"x": np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)} for _ in range(4)]
+    with pytest.raises(RequantError, match="Sigmoid"):
+        requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    model = tmp_path / "m.onnx"
+    onnx.save(proto, model)
+    np.savez(tmp_path / "c.npz", x=np.concatenate([d["x"] for d in data]))
+    out = tmp_path / "m.mlir"
+    code = main(["quantize", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "--target", "tosa-int8",
+                 "--no-measure"])  # fmt: skip
+    assert code != 0 and not out.exists()
+
+
+def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path) -> None:
+    out = tmp_path / "d.mlir"
+    with pytest.raises(RequantError, match="only the tosa-int8 target writes MLIR"):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out, measure=False)
+    assert not out.exists()
+
+
+@needs_tools
+@pytest.mark.tosa
+@pytest.mark.models
+def test_mobilenet_v2_as_integer_tosa() -> None:
+    """MobileNetV2 (ImageNet weights; 48 calibration / 32 evaluation crops of the bench photos) lowered
+    to integer-only TOSA: accepted by mlir-opt, run by IREE bit for bit as the interpreter, and as
+    close to float as requant's ONNX Runtime output (goal: top-1 agreement within 2 points)."""
+    torch = pytest.importorskip("torch")
+    from bench.bench_quantize import crops
+
+    from tests.models.mobilenet import make_mobilenet_v2
+
+    images = crops(80, seed=2)
+    dims = ({0: torch.export.Dim("batch")},)
+    model = requant.load(make_mobilenet_v2(), example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
+    key = str(model.graph.inputs[0].name)
+    calib = [{key: images[i : i + 1]} for i in range(48)]
+    evaluation = [{key: images[i : i + 1]} for i in range(48, 80)]
+    tosa = requant.api.quantize(model, calib, target="tosa-int8", measure=False)
+    onnxruntime_output = requant.api.quantize(model, calib, eval_data=evaluation, measure=False)
+    program = tosa.tosa
+    assert program is not None and tosa.report["tosa"]["ops"]["depthwise_conv2d"] == 17
+    text = tosa.mlir()
+    validate_tosa(text)
+    module = IreeModule(compile_iree(text))
+    float_session = ort.InferenceSession(ir_bytes(model), providers=["CPUExecutionProvider"])
+    edge_in, edge_out = program.inputs[0], program.outputs[0]
+    agree = []
+    for i, sample in enumerate(evaluation):
+        q = np.clip(np.rint(sample[key] / edge_in.scale) + edge_in.zero_point, -128, 127).astype(np.int8)
+        (ints,) = run_tosa(program, {key: q})
+        if i < 4:
+            assert np.array_equal(module.run([q])[0], ints), f"sample {i}"
+        logits = (ints.astype(np.float64) - edge_out.zero_point) * edge_out.scale
+        agree.append(int(logits.argmax()) == int(float_session.run(None, sample)[0].argmax()))
+    ours = onnxruntime_output.report["evaluation"]["top1_agreement"]
+    assert np.mean(agree) >= ours - 0.02 - 1 / len(agree), (np.mean(agree), ours)
+
+
+def ir_bytes(model: object) -> bytes:
+    import onnx_ir as ir
+
+    assert isinstance(model, ir.Model)
+    return ir.to_proto(model).SerializeToString()
