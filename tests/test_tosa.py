@@ -196,10 +196,12 @@ def test_what_the_backend_cannot_lower_is_an_error_naming_the_node(tmp_path: Pat
     assert code != 0 and not out.exists()
 
 
-def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path) -> None:
+def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.mlir"
     with pytest.raises(RequantError, match="only the tosa-int8 target writes MLIR"):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out, measure=False)
+    code = main(["quantize", str(DIGITS / "digits_cnn.onnx"), "--calib", str(DIGITS / "calib.npz"), "-o", str(out)])
+    assert code != 0 and "only --target tosa-int8 writes MLIR" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -247,3 +249,28 @@ def ir_bytes(model: object) -> bytes:
 
     assert isinstance(model, ir.Model)
     return ir.to_proto(model).SerializeToString()
+
+
+def test_rounding_and_a_narrow_accumulator_are_options_of_the_tosa_target() -> None:
+    """double_round goes into every rescale of the text; 16-bit accumulators overflow in the digits
+    CNN's kernels (their sums of 9 to 512 products reach far past 2**15), and the report says where."""
+    calib = DIGITS / "calib.npz"
+    single = requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, target="tosa-int8", measure=False)
+    double = requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, target="tosa-int8", measure=False,
+                                  rounding="double_round", accumulator_bits=16)  # fmt: skip
+    assert "DOUBLE_ROUND" not in single.mlir() and "SINGLE_ROUND" not in double.mlir()
+    assert double.mlir().count("DOUBLE_ROUND") == len(double.report["tosa"]["rescales"]) > 0
+    if not MISSING:
+        validate_tosa(double.mlir())
+    rescales = single.report["tosa"]["rescales"]
+    assert any(r["why"].startswith("Conv 'node_conv2d': int32 accumulator") for r in rescales)
+    assert all(r["scale"][0] <= r["scale"][1] for r in rescales)
+    acc = double.report["tosa"]["accumulator"]
+    assert single.report["tosa"]["accumulator"] is None and acc["bits"] == 16
+    assert {k["node"] for k in acc["kernels"]} == {"node_conv2d", "node_conv2d_1", "node_linear"}
+    assert any(k["overflowed"] for k in acc["kernels"]) and acc["largest_output_change_steps"] > 0
+    assert "TOSA with 16-bit accumulators:" in double.report["summary"]
+    with pytest.raises(RequantError, match="tosa-int8 target's options"):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, measure=False, rounding="double_round")
+    with pytest.raises(RequantError, match="accumulator_bits"):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, target="tosa-int8", measure=False, accumulator_bits=4)

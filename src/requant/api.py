@@ -523,6 +523,8 @@ def quantize(
     max_drop: float | None = None,
     metric: str | None = None,
     smoothing: float | None = DEFAULT_ALPHA,
+    rounding: str | None = None,
+    accumulator_bits: int | None = None,
     **load_options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for ``target``.
@@ -548,6 +550,9 @@ def quantize(
     ``smoothing``: the alpha (in (0, 1]) with which each linear layer's input channels are evened out
     against its weight's rows before quantizing (SmoothQuant, :mod:`requant.calibration.smoothing`);
     None or 0 leaves them as they are.
+    ``rounding`` and ``accumulator_bits`` (``tosa-int8`` only): how the TOSA program's rescales round
+    (``single_round``, the default, or ``double_round``), and an accumulator width to simulate in
+    requant's interpreter: the report says, per kernel, how often one that narrow would overflow.
     """
     started = time.perf_counter()
     _check_arguments(quantizer=quantizer, output=output, target=target, method=method, progress=progress,
@@ -572,6 +577,14 @@ def quantize(
     chosen_target = get_target(target)
     if output is not None and str(output).endswith(".mlir") and chosen_target.backend != "tosa":
         raise ArgumentError(f"'{output}': only the tosa-int8 target writes MLIR; {target} writes ONNX (.onnx)")
+    if (rounding is not None or accumulator_bits is not None) and chosen_target.backend != "tosa":
+        raise ArgumentError(f"rounding and accumulator_bits are the tosa-int8 target's options, not {target}'s")
+    if rounding is not None and rounding not in ("single_round", "double_round"):
+        raise ArgumentError(f"rounding must be 'single_round' or 'double_round', got {rounding!r}")
+    if accumulator_bits is not None and (
+        isinstance(accumulator_bits, bool) or not isinstance(accumulator_bits, int) or not 8 <= accumulator_bits <= 32
+    ):
+        raise ArgumentError(f"accumulator_bits must be a whole number of bits in [8, 32], got {accumulator_bits!r}")
     quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
     if isinstance(calibration_data, Iterator):  # a generator: read once, its first samples kept for the rest
         calibration_data = Replayed(calibration_data, DEFAULT_SAMPLES)
@@ -666,8 +679,8 @@ def quantize(
         if output is not None and not str(output).endswith(".mlir"):
             log.info("target %s: writing the QDQ twin to %s (a path ending in .mlir gets the TOSA program)",
                      target, output)  # fmt: skip
-        program = lower_to_tosa(quantized)
-        report["tosa"] = _tosa_record(program, quantized_proto, quantized, calibration_data)
+        program = lower_to_tosa(quantized, rounding or "single_round")
+        report["tosa"] = _tosa_record(program, quantized_proto, quantized, calibration_data, accumulator_bits)
     result = QuantizedModel(quantized, report, program)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
@@ -678,16 +691,25 @@ def quantize(
 TOSA_CHECK_SAMPLES = 8  # calibration samples the TOSA program is run on against its QDQ twin
 
 
-def _tosa_record(program: TosaProgram, proto: onnx.ModelProto, model: ir.Model, data: Any) -> dict[str, Any]:
-    """What lowering wrote (ops by kind), and the program's outputs (requant's TOSA interpreter,
-    SINGLE_ROUND) against the QDQ twin's in ONNX Runtime on the first calibration samples, in output
-    steps: the two round differently (fixed-point rescales against float ones), by a step at most
-    where a value lies near half a step."""
+def _tosa_record(
+    program: TosaProgram, proto: onnx.ModelProto, model: ir.Model, data: Any, accumulator_bits: int | None
+) -> dict[str, Any]:
+    """What lowering wrote (ops by kind, every rescale and why), and the program's outputs (requant's
+    TOSA interpreter) against the QDQ twin's in ONNX Runtime on the first calibration samples, in
+    output steps: the two round differently (fixed-point rescales against float ones). With
+    ``accumulator_bits``: per kernel, the share of its results a narrower accumulator cannot hold,
+    and what saturating them does to the outputs."""
     kinds: dict[str, int] = {}
     for op in program.ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    rescales = [  # one scale, or the range of a per-channel rescale's
+        {"op": op.output, "why": op.attrs["why"], "channels": len(op.attrs["scale"]),
+         "scale": [min(op.attrs["scale"]), max(op.attrs["scale"])]}
+        for op in program.ops if op.kind == "rescale"
+    ]  # fmt: skip
     q_session = session(proto)
-    largest, samples = 0.0, 0
+    overflows: dict[str, list[int]] = {}
+    largest, samples, narrowed = 0.0, 0, 0.0
     for sample in itertools.islice(iter_samples(model, data), TOSA_CHECK_SAMPLES):
         if any(np.shape(sample[e.name])[0] != 1 for e in program.inputs):
             continue  # the program is lowered for batch 1
@@ -698,10 +720,24 @@ def _tosa_record(program: TosaProgram, proto: onnx.ModelProto, model: ir.Model, 
         for edge, value, reference in zip(program.outputs, got, expected, strict=False):
             steps = np.abs((value.astype(np.float64) - edge.zero_point) * edge.scale - reference) / edge.scale
             largest = max(largest, float(steps.max(initial=0.0)))
+        if accumulator_bits is not None:
+            narrow = run_tosa(program, ints, accumulator_bits=accumulator_bits, overflows=overflows)
+            for value, wide in zip(narrow, got, strict=True):
+                narrowed = max(narrowed, float(np.abs(value.astype(np.int64) - wide).max(initial=0)))
         samples += 1
+    accumulator = None
+    if accumulator_bits is not None:
+        accumulator = {
+            "bits": accumulator_bits,
+            "largest_output_change_steps": narrowed,
+            "kernels": [{"node": n, "overflowed": c[0], "results": c[1], "share": c[0] / max(c[1], 1)}
+                        for n, c in overflows.items()],
+        }  # fmt: skip
     return {
+        "rounding": program.rounding,
         "ops": dict(sorted(kinds.items())),
-        "rescales": kinds.get("rescale", 0),
+        "rescales": rescales,
+        "accumulator": accumulator,
         "inputs": [e.__dict__ for e in program.inputs],
         "outputs": [e.__dict__ for e in program.outputs],
         "against_qdq": {"samples": samples, "largest_difference_steps": round(largest, 6)},
@@ -751,6 +787,22 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"'{widest['input']}': largest channel {widest['spread_before']:.1f}x the median -> "
             f"{widest['spread_after']:.1f}x"
         )
+    tosa = report.get("tosa")
+    if tosa:
+        kernels = {k: v for k, v in tosa["ops"].items() if k in ("conv2d", "depthwise_conv2d", "matmul")}
+        check = tosa["against_qdq"]
+        lines.append(
+            f"TOSA: {sum(tosa['ops'].values())} ops ({', '.join(f'{k} x{v}' for k, v in kernels.items())}), "
+            f"{len(tosa['rescales'])} rescales ({tosa['rounding']}); against the QDQ model in ONNX Runtime: at most "
+            f"{check['largest_difference_steps']:.3g} output steps apart on {check['samples']} samples"
+        )
+        if tosa["accumulator"] is not None:
+            acc = tosa["accumulator"]
+            over = [k for k in acc["kernels"] if k["overflowed"]]
+            lines.append(
+                f"TOSA with {acc['bits']}-bit accumulators: {len(over)} of {len(acc['kernels'])} kernels overflow "
+                f"on these samples; outputs move by up to {acc['largest_output_change_steps']:.0f} steps"
+            )
     if report.get("weight_encoding", {}).get("kernels"):
         lines.append(f"int8 weights: {encoding_summary(report['weight_encoding'])}")
         encodings = report["weight_encoding"]["kernels"]

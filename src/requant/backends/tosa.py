@@ -81,6 +81,7 @@ class TosaProgram:
     arguments: list[str]  # the ops' names of the inputs
     results: list[str]  # the ops' names of the outputs
     types: dict[str, str]  # each quantized tensor of the model: its !quant.uniform type (the header)
+    rounding: str = "single_round"  # every rescale's: TOSA's SINGLE_ROUND, or DOUBLE_ROUND (TFLite's)
 
 
 def multiplier_shift(scale: float) -> tuple[int, int]:
@@ -201,15 +202,17 @@ class _Lowering:
         )
 
     def rescale(self, name: str, shape: tuple[int, ...], scales: Array, input_zp: int, output_zp: int,
-                dtype_in: str) -> str:  # fmt: skip
-        """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to int8."""
+                dtype_in: str, why: str) -> str:  # fmt: skip
+        """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to int8; ``why``
+        it is there, for the report."""
         pairs = [multiplier_shift(float(s)) for s in np.atleast_1d(scales)]
         multipliers = self.const(np.array([m for m, _ in pairs]), "i32")
         shifts = self.add("const", [], (len(pairs),), "i8", value=np.array([s for _, s in pairs], np.int8))
         return self.add(
             "rescale",
             [name, multipliers, shifts, self.zero_point(input_zp, dtype_in), self.zero_point(output_zp)],
-            shape, "i8", per_channel=len(pairs) > 1, scale32=True,
+            shape, "i8", per_channel=len(pairs) > 1, scale32=True, why=why,
+            scale=[float(x) for x in np.atleast_1d(scales)],
         )  # fmt: skip
 
     def clamp_after(self, name: str, shape: tuple[int, ...], node: ir.Node, scale: float, zp: int) -> str:
@@ -240,7 +243,8 @@ class _Lowering:
         uses = [u.node for u in value.uses()]
         activation = uses[0] if len(uses) == 1 and uses[0].op_type in ("Relu", "Clip") else None
         q, out_scale, out_zp = self.quantized_output(activation.outputs[0] if activation else value, node)
-        result = self.rescale(acc, shape, scales / out_scale, 0, out_zp, "i32")
+        why = f"{node.op_type} '{node.name}': int32 accumulator to its int8 output"
+        result = self.rescale(acc, shape, scales / out_scale, 0, out_zp, "i32", why)
         if activation is not None:
             result = self.clamp_after(result, shape, activation, out_scale, out_zp)
         if final:
@@ -269,11 +273,13 @@ class _Lowering:
         zps = [self.zero_point(x.zero_point), self.zero_point(0)]
         if group == 1:
             weight = self.const(w.transpose(0, 2, 3, 1), "i8")  # OIHW -> OHWI
-            acc = self.add("conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs)
+            acc = self.add("conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs,
+                           node=str(node.name))  # fmt: skip
         elif group == x.shape[3] and w.shape[1] == 1:
             multiplier = out_c // group
             weight = self.const(w.reshape(group, multiplier, *w.shape[2:]).transpose(2, 3, 0, 1), "i8")  # KH KW C M
-            acc = self.add("depthwise_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs)
+            acc = self.add("depthwise_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32",
+                           **attrs, node=str(node.name))  # fmt: skip
         else:
             raise TosaError(f"node '{node.name}': a grouped conv ({group} groups) that is not depthwise is not lowered")
         scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
@@ -291,7 +297,7 @@ class _Lowering:
         out = weight.shape[1]
         x3 = self.add("reshape", [x.name], (1, rows, depth), "i8", new_shape=[1, rows, depth])
         acc = self.add("matmul", [x3, self.const(weight[None], "i8"), self.zero_point(x.zero_point),
-                                  self.zero_point(0)], (1, rows, out), "i32")  # fmt: skip
+                                  self.zero_point(0)], (1, rows, out), "i32", node=str(node.name))  # fmt: skip
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             bias = _dequantized_constant(node.inputs[2], node)[0].astype(np.int32).reshape(1, 1, -1)
             acc = self.add("add", [acc, self.const(np.broadcast_to(bias, (1, 1, out)), "i32")], (1, rows, out), "i32")
@@ -329,10 +335,11 @@ class _Lowering:
         if h * w * 255 >= 1 << 31:
             raise TosaError(f"node '{node.name}': a {h}x{w} mean could overflow its int32 sum")
         q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
-        wide = self.rescale_to_i32(x, 1.0)
+        wide = self.rescale_to_i32(x, 1.0, f"GlobalAveragePool '{node.name}': int8 to int32, zero point removed")
         rows = self.add("reduce_sum", [wide], (n, 1, w, c), "i32", axis=1)
         total = self.add("reduce_sum", [rows], (n, 1, 1, c), "i32", axis=2)
-        result = self.rescale(total, (n, 1, 1, c), np.array([x.scale / (h * w * out_scale)]), 0, out_zp, "i32")
+        why = f"GlobalAveragePool '{node.name}': the sum over {h}x{w} positions to the int8 mean"
+        result = self.rescale(total, (n, 1, 1, c), np.array([x.scale / (h * w * out_scale)]), 0, out_zp, "i32", why)
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, (n, 1, 1, c), out_scale, out_zp, True)
 
     def gather(self, node: ir.Node) -> None:
@@ -387,7 +394,10 @@ class _Lowering:
         streams = [t for t in (a, b) if t.wide]
         # a stream keeps its scale; two int8 tensors start one 2**16 times finer than the coarser input
         common = streams[0].scale if streams else max(a.scale, b.scale) / (1 << STREAM_BITS)
-        parts = [self.rescale_to_i32(t, t.scale / common) for t in (a, b)]
+        parts = [
+            self.rescale_to_i32(t, t.scale / common, f"Add '{node.name}': an input to the sum's int32 scale")
+            for t in (a, b)
+        ]
         total = _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, wide=True)
         value = node.outputs[0]
         readers = [u.node for u in value.uses()]
@@ -399,10 +409,11 @@ class _Lowering:
         self.wide[str(value.name)] = total
         for q in (r for r in readers if r.op_type == "QuantizeLinear"):
             out_scale, out_zp = _params(q)
-            result = self.rescale(total.name, a.shape, np.array([common / out_scale]), 0, out_zp, "i32")
+            why = f"Add '{node.name}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
+            result = self.rescale(total.name, a.shape, np.array([common / out_scale]), 0, out_zp, "i32", why)
             self.tensors[str(q.outputs[0].name)] = _Tensor(result, a.shape, out_scale, out_zp, a.nhwc)
 
-    def rescale_to_i32(self, t: _Tensor, scale: float) -> str:
+    def rescale_to_i32(self, t: _Tensor, scale: float, why: str) -> str:
         """``t`` (int8, or an int32 stream) as int32 values of ``t.scale / scale``, its zero point removed."""
         if t.wide and scale == 1.0:
             return t.name
@@ -411,7 +422,7 @@ class _Lowering:
         return self.add("rescale", [t.name, self.const(np.array([m]), "i32"),
                                     self.add("const", [], (1,), "i8", value=np.array([s], np.int8)),
                                     zero, self.zero_point(0, "i32")],
-                        t.shape, "i32", per_channel=False, scale32=True)  # fmt: skip
+                        t.shape, "i32", per_channel=False, scale32=True, why=why, scale=[scale])  # fmt: skip
 
 
 LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MaxPool": _Lowering.max_pool,
@@ -487,8 +498,11 @@ def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[st
     return shapes, integers
 
 
-def lower_to_tosa(model: ir.Model) -> TosaProgram:
-    """The integer TOSA program of a QDQ ``model`` (requant's output), batch 1."""
+def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgram:
+    """The integer TOSA program of a QDQ ``model`` (requant's output), batch 1; its rescales round as
+    ``rounding`` says (``single_round``, TOSA's; ``double_round``, TFLite's: TOSA's extension)."""
+    if rounding not in ROUNDING:
+        raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
     for node in model.graph:  # integer-only: a node computing on float values is an error, named
         if node.op_type in ("QuantizeLinear", "DequantizeLinear", *SHAPE_OPS):
             continue
@@ -548,7 +562,7 @@ def lower_to_tosa(model: ir.Model) -> TosaProgram:
         for v in (n.outputs[0] for n in model.graph if n.op_type == "QuantizeLinear")
         if (t := v.meta.get("requant.quant_type")) is not None
     }
-    return TosaProgram(inputs, outputs, lowering.ops, arguments, results, types)
+    return TosaProgram(inputs, outputs, lowering.ops, arguments, results, types, rounding)
 
 
 # ------------------------------------------------------------------ MLIR text (TOSA 1.0, generic form)
@@ -588,9 +602,11 @@ def _attributes(op: TosaOp, rounding: str) -> str:
     return ""
 
 
-def to_mlir(program: TosaProgram, rounding: str = "single_round", name: str = "main") -> str:
+def to_mlir(program: TosaProgram, rounding: str | None = None, name: str = "main") -> str:
     """``program`` as MLIR text in the generic op form (what both LLVM 22's ``mlir-opt`` and IREE's
-    bundled MLIR parse), with a header giving each edge's quantization and each tensor's type."""
+    bundled MLIR parse), with a header giving each edge's quantization and each tensor's type;
+    ``rounding`` overrides the program's."""
+    rounding = rounding or program.rounding
     if rounding not in ROUNDING:
         raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
     types: dict[str, str] = {}

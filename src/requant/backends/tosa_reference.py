@@ -141,6 +141,7 @@ def _reshape(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return args[0].reshape(op.attrs["new_shape"])
 
 
+ACCUMULATORS = ("conv2d", "depthwise_conv2d", "matmul")
 OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "const": _const,
     "conv2d": _conv,
@@ -158,8 +159,18 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
 }
 
 
-def run_tosa(program: TosaProgram, inputs: Mapping[str, Array], rounding: str = "single_round") -> list[Array]:
-    """The program's int8 outputs on int8 ``inputs`` (by the model's input names)."""
+def run_tosa(
+    program: TosaProgram,
+    inputs: Mapping[str, Array],
+    rounding: str | None = None,
+    accumulator_bits: int | None = None,
+    overflows: dict[str, list[int]] | None = None,
+) -> list[Array]:
+    """The program's int8 outputs on int8 ``inputs`` (by the model's input names); ``rounding``
+    overrides the program's. With ``accumulator_bits`` (e.g. 16), each conv2d, depthwise_conv2d and
+    matmul result is saturated to that many bits, as a narrower accumulator would hold it (seed 002's
+    simulated accumulator), and ``overflows`` counts, per kernel, ``[values saturated, values]``."""
+    rounding = rounding or program.rounding
     if rounding not in ROUNDING:
         raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
     values: dict[str, Array] = {}
@@ -173,5 +184,14 @@ def run_tosa(program: TosaProgram, inputs: Mapping[str, Array], rounding: str = 
         result = OPS[op.kind](op, [values[i] for i in op.inputs], rounding)
         if tuple(result.shape) != op.shape:
             raise TosaError(f"{op.kind} {op.output}: computed shape {result.shape}, declared {op.shape}")
+        if accumulator_bits is not None and op.kind in ACCUMULATORS:
+            low, high = -(1 << (accumulator_bits - 1)), (1 << (accumulator_bits - 1)) - 1
+            count = (
+                overflows.setdefault(str(op.attrs.get("node", op.output)), [0, 0]) if overflows is not None else None
+            )
+            if count is not None:
+                count[0] += int(np.count_nonzero((result < low) | (result > high)))
+                count[1] += result.size
+            result = np.clip(result, low, high).astype(result.dtype)
         values[op.output] = result
     return [values[r] for r in program.results]

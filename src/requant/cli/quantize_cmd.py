@@ -14,7 +14,7 @@ from requant.cli.parser import write_all
 from requant.errors import RequantError
 from requant.frontends import check_outputs
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
-from requant.targets.registry import DEFAULT_TARGET, TARGETS
+from requant.targets.registry import DEFAULT_TARGET, TARGETS, get_target
 
 __all__ = ["register"]
 
@@ -61,6 +61,18 @@ def register(commands: Any) -> None:
         action="store_false",
         default=None,
         help="keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
+    )
+    sub.add_argument(
+        "--rounding",
+        choices=["single_round", "double_round"],
+        help="tosa-int8: how the rescales round (default single_round, TOSA's; double_round: TFLite's)",
+    )
+    sub.add_argument(
+        "--accumulator-bits",
+        metavar="BITS",
+        type=int,
+        help="tosa-int8: simulate accumulators this wide (e.g. 16) in requant's interpreter; the report says how "
+        "often each kernel's would overflow",
     )
     sub.add_argument(
         "--smoothing",
@@ -138,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
         {"the input model": args.input, "the calibration data": settings.calib, "the evaluation data": settings.eval,
          "the config file": args.config},
     )  # fmt: skip
+    target = get_target(settings.target or DEFAULT_TARGET)
+    if str(settings.output).endswith(".mlir") and target.backend != "tosa":  # before any work
+        raise RequantError(f"-o {settings.output}: only --target tosa-int8 writes MLIR; {target} writes ONNX (.onnx)")
     result = quantize(
         args.input,
         _data(settings.calib, settings.images),
@@ -152,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         metric=settings.metric,
         smoothing=settings.smoothing,
         measure=args.measure,
+        rounding=args.rounding,
+        accumulator_bits=args.accumulator_bits,
     )
     texts = {}
     if settings.report_json:
