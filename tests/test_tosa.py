@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 import requant.api
-from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, multiplier_shift, to_mlir
+from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, multiplier_shift
+from requant.backends.tosa_mlir import to_mlir
 from requant.backends.tosa_reference import apply_scale_32, run_tosa
 from requant.backends.tosa_tools import IreeModule, compile_iree, tools_missing, validate_tosa
 from requant.cli import main

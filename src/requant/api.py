@@ -24,7 +24,8 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
-from requant.backends.tosa import TosaProgram, lower_to_tosa, to_mlir
+from requant.backends.tosa import TosaProgram, lower_to_tosa
+from requant.backends.tosa_mlir import to_mlir
 from requant.backends.tosa_reference import run_tosa
 from requant.calibration.bias_correction import (
     DEFAULT_SAMPLES,
