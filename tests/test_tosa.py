@@ -148,20 +148,24 @@ def test_the_digits_cnn_as_integer_tosa(tmp_path: Path) -> None:
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0
 
 
-def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None:
-    """Conv -> Relu, MaxPool, Flatten, Gemm: the integers differ from the QDQ model's in ONNX Runtime
-    only by rounding (fixed point, half up, against float, half to even): at most one output step."""
+def _one_kernel_model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     proto = onnx.parser.parse_model(
         '<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,9,9] x) => (float[1,5] y) {'
         " c = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, w, b) r = Relu(c)"
         " p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (r) f = Flatten(p) y = Gemm <transB = 1> (f, g, h) }"
     )
-    rng = np.random.default_rng(0)
-    for name, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("g", (5, 32)), ("h", (5,))):
+    rng = np.random.default_rng(0)  # 16 output channels: ONNX Runtime's table pads the 3 input channels to 4
+    for name, shape in (("w", (16, 3, 3, 3)), ("b", (16,)), ("g", (5, 64)), ("h", (5,))):
         proto.graph.initializer.append(
             onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
         )
-    data = [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
+    return proto, [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
+
+
+def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None:
+    """Conv -> Relu, MaxPool, Flatten, Gemm: the integers differ from the QDQ model's in ONNX Runtime
+    only by rounding (fixed point, half up, against float, half to even): at most one output step."""
+    proto, data = _one_kernel_model()
     result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
     assert result.tosa is not None
     kinds = [op.kind for op in result.tosa.ops if op.kind != "const"]
@@ -179,6 +183,26 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
         for sample in data:
             q = np.clip(np.rint(sample["x"] / edge.scale) + edge.zero_point, -128, 127).astype(np.int8)
             assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {"x": q})[0])
+
+
+def test_a_users_quantizer_follows_the_target_and_its_order_does_not_matter() -> None:
+    """A ``Quantizer()`` made without a table matches against the target's (ONNX Runtime's pads a
+    3-channel conv's input to 4 channels for its ConvSym kernel, which TOSA has no use for); the
+    same settings added in either order give the same program."""
+    from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
+
+    proto, data = _one_kernel_model()
+    default = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    config = PRESETS[DEFAULT_PRESET]
+    texts = []
+    for ops in (("Conv", "Gemm"), ("Gemm", "Conv")):
+        quantizer = Quantizer()
+        for op in ops:
+            quantizer.set_op_type(op, config)
+        result = requant.api.quantize(proto, data, target="tosa-int8", quantizer=quantizer, measure=False)
+        texts.append(result.mlir())
+    assert texts[0] == texts[1] == default.mlir()
+    assert "tensor<16x3x3x3xi8>" in texts[0]  # the conv's weight keeps its 3 channels (not 4)
 
 
 def test_what_the_backend_cannot_lower_is_an_error_naming_the_node(tmp_path: Path) -> None:

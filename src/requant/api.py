@@ -146,7 +146,7 @@ def _prepare(
         # it was MiniLM's largest allocation); otherwise just its size
         proto = ir.serde.serialize_model(model) if keep_float else None
         float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
-    quantizer = quantizer or Quantizer(chosen.table).set_global_by_model()
+    quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(chosen.table)
     smoothed = Smoothing([], [], "off")
     if smoothing is not None:
         progress = smoothing.progress or terminal_progress("measuring channels")
@@ -586,7 +586,7 @@ def quantize(
         isinstance(accumulator_bits, bool) or not isinstance(accumulator_bits, int) or not 8 <= accumulator_bits <= 32
     ):
         raise ArgumentError(f"accumulator_bits must be a whole number of bits in [8, 32], got {accumulator_bits!r}")
-    quantizer = quantizer or Quantizer(chosen_target.table).set_global_by_model()
+    quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(chosen_target.table)
     if isinstance(calibration_data, Iterator):  # a generator: read once, its first samples kept for the rest
         calibration_data = Replayed(calibration_data, DEFAULT_SAMPLES)
     keep_float_proto = measure or eval_data is not None or method == "auto"

@@ -110,9 +110,12 @@ FLOAT_KERNEL = QuantizationConfig("FLOAT_KERNEL", input_activation=NoQuant(), we
 class Quantizer:
     """Compose quantizers; ``quantize(model)`` annotates the model and returns the report."""
 
-    def __init__(self, table: SupportTable = ONNXRUNTIME_CPU) -> None:
-        self.table = table
-        self._matcher = PatternMatcher(table)
+    def __init__(self, table: SupportTable | None = None) -> None:
+        """``table``: the support table to match against; None, the target's it quantizes for
+        (:meth:`for_table`; ONNX Runtime's until then)."""
+        self._explicit = table is not None
+        self.table = table or ONNXRUNTIME_CPU
+        self._matcher = PatternMatcher(self.table)
         self._added: list[AnnotatingQuantizer] = []
         self._global: PatternQuantizer | None = None
         self._global_by_model = False
@@ -157,6 +160,23 @@ class Quantizer:
         for path in sorted(paths, key=len):  # parents first: children, added later, apply first
             self.set_node_finder(_ModuleParamsFinder(path, paths), params[path].config(path))
         return self
+
+    def for_table(self, table: SupportTable) -> Quantizer:
+        """This quantizer for a target's ``table``: itself when it was made for a table of its own,
+        otherwise a copy whose pattern quantizers match against ``table``."""
+        if self._explicit or table is self.table:
+            return self
+        other = copy.copy(self)
+        other.table, other._matcher = table, PatternMatcher(table)
+
+        def moved(q: AnnotatingQuantizer) -> AnnotatingQuantizer:
+            if isinstance(q, PatternQuantizer) and q.pattern_matcher is self._matcher:
+                return PatternQuantizer(q.config, q.node_finder, other._matcher)
+            return q
+
+        other._added = [moved(q) for q in self._added]
+        other._global = moved(self._global) if self._global is not None else None  # type: ignore[assignment]
+        return other
 
     def with_float_nodes(self, names: Iterable[str]) -> Quantizer:
         """A copy of this quantizer that also computes the nodes named (exactly) in float, before all else.
