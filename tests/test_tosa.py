@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import requant.api
-from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, multiplier_shift
+from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, lower_to_tosa, multiplier_shift
 from requant.backends.tosa_mlir import to_mlir
 from requant.backends.tosa_reference import apply_scale_32, run_tosa
 from requant.backends.tosa_tools import IreeModule, compile_iree, tools_missing, validate_tosa
@@ -299,3 +299,38 @@ def test_rounding_and_a_narrow_accumulator_are_options_of_the_tosa_target() -> N
         requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, measure=False, rounding="double_round")
     with pytest.raises(RequantError, match="accumulator_bits"):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, target="tosa-int8", measure=False, accumulator_bits=4)
+
+
+GOLDEN = sorted((Path(__file__).parent / "golden" / "tosa").glob("*.test"))
+EXPECTED = "# expected:"
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_lowering_golden(path: Path, update_golden: bool) -> None:
+    """A QDQ model in ONNX text in, the TOSA program's MLIR (or the error, ``!! ...``) out; where the
+    tools are installed, mlir-opt accepts it and IREE computes what the interpreter computes."""
+    import onnx_ir as ir
+
+    text = path.read_text()
+    source, _, expected = text.partition(EXPECTED + "\n")
+    body = "\n".join(line for line in source.splitlines() if not line.startswith("#"))
+    model = ir.from_proto(onnx.parser.parse_model(body))
+    try:
+        program = lower_to_tosa(model)
+        got = to_mlir(program)
+    except RequantError as error:
+        program, got = None, f"!! {error}\n"
+    if update_golden:
+        path.write_text(source + EXPECTED + "\n" + got)
+        return
+    assert got == expected, f"{path.name}: the lowering differs (pytest --update-golden to accept)"
+    if program is None or MISSING:
+        return
+    validate_tosa(got)
+    module = IreeModule(compile_iree(got))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ints = [rng.integers(-128, 128, e.shape, dtype=np.int8) for e in program.inputs]
+        expected_ints = run_tosa(program, {e.name: a for e, a in zip(program.inputs, ints, strict=True)})
+        for got_ints, want in zip(module.run(ints), expected_ints, strict=True):
+            assert np.array_equal(got_ints, want)

@@ -48,6 +48,11 @@ class TosaError(RequantError):
     """A model (or part of one) the tosa-int8 backend cannot write as integer TOSA."""
 
 
+def _name(node: ir.Node) -> str:
+    """The node's name, or (nameless) its first output's: what an error names it by."""
+    return str(node.name or (node.outputs[0].name if node.outputs else node.op_type))
+
+
 @dataclass(frozen=True)
 class Edge:
     """A model input or output: its name, shape, and the int8 scale and zero point it is exchanged in."""
@@ -134,6 +139,8 @@ class _Lowering:
         self.ops: list[TosaOp] = []
         self.tensors: dict[str, _Tensor] = {}  # ONNX value name -> int8 tensor
         self.wide: dict[str, _Tensor] = {}  # a float sum's ONNX name -> its int32 stream
+        self.constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        self.transposed: dict[str, _Tensor] = {}  # an op's name -> the same values in the other layout
         self.count = 0
 
     def add(self, kind: str, inputs: list[str], shape: tuple[int, ...], dtype: str, **attrs: Any) -> str:
@@ -144,8 +151,12 @@ class _Lowering:
         return name
 
     def const(self, array: Array, dtype: str) -> str:
+        """A constant; the same values twice are one op."""
         array = np.ascontiguousarray(array, {"i8": np.int8, "i32": np.int32}[dtype])
-        return self.add("const", [], array.shape, dtype, value=array)
+        key = (dtype, array.shape, array.tobytes())
+        if key not in self.constants:
+            self.constants[key] = self.add("const", [], array.shape, dtype, value=array)
+        return self.constants[key]
 
     def zero_point(self, value: int, dtype: str = "i8") -> str:
         return self.const(np.array([value]), dtype)
@@ -158,18 +169,18 @@ class _Lowering:
 
     # -------------------------------------------------------------- layouts
     def nhwc(self, t: _Tensor) -> _Tensor:
-        if t.nhwc or len(t.shape) != 4:
-            return t
-        n, c, h, w = t.shape
-        out = self.add("transpose", [t.name], (n, h, w, c), "i32" if t.wide else "i8", perms=[0, 2, 3, 1])
-        return _Tensor(out, (n, h, w, c), t.scale, t.zero_point, True, t.wide)
+        return t if t.nhwc or len(t.shape) != 4 else self.transpose(t, [0, 2, 3, 1])
 
     def nchw(self, t: _Tensor) -> _Tensor:
-        if not t.nhwc:
-            return t
-        n, h, w, c = t.shape
-        out = self.add("transpose", [t.name], (n, c, h, w), "i32" if t.wide else "i8", perms=[0, 3, 1, 2])
-        return _Tensor(out, (n, c, h, w), t.scale, t.zero_point, False, t.wide)
+        return self.transpose(t, [0, 3, 1, 2]) if t.nhwc else t
+
+    def transpose(self, t: _Tensor, perms: list[int]) -> _Tensor:
+        """``t`` in the other layout (once per tensor, however many readers want it)."""
+        if t.name not in self.transposed:
+            shape = tuple(t.shape[p] for p in perms)
+            out = self.add("transpose", [t.name], shape, "i32" if t.wide else "i8", perms=perms)
+            self.transposed[t.name] = _Tensor(out, shape, t.scale, t.zero_point, not t.nhwc, t.wide)
+        return self.transposed[t.name]
 
     def cropped(self, t: _Tensor, crop: list[int]) -> _Tensor:
         """``t`` (NHWC) without its last ``crop`` rows and columns (never read by the op after it)."""
@@ -189,7 +200,7 @@ class _Lowering:
             if found is not None:
                 return found
         name = value.name if value is not None else "?"
-        raise TosaError(f"node '{node.name}' ({node.op_type}): input '{name}' is not a quantized tensor")
+        raise TosaError(f"node '{_name(node)}' ({node.op_type}): input '{name}' is not a quantized tensor")
 
     def quantized_output(self, value: ir.Value, node: ir.Node) -> tuple[ir.Node, float, int]:
         """The single QuantizeLinear reading ``value`` (through a Relu or Clip, returned first)."""
@@ -198,7 +209,7 @@ class _Lowering:
             q = uses[0]
             return q, *_params(q)
         raise TosaError(
-            f"node '{node.name}' ({node.op_type}): its output '{value.name}' is read in float "
+            f"node '{_name(node)}' ({node.op_type}): its output '{value.name}' is read in float "
             f"({', '.join(sorted({u.op_type for u in uses})) or 'a graph output'}), not by one QuantizeLinear"
         )
 
@@ -244,7 +255,7 @@ class _Lowering:
         uses = [u.node for u in value.uses()]
         activation = uses[0] if len(uses) == 1 and uses[0].op_type in ("Relu", "Clip") else None
         q, out_scale, out_zp = self.quantized_output(activation.outputs[0] if activation else value, node)
-        why = f"{node.op_type} '{node.name}': int32 accumulator to its int8 output"
+        why = f"{node.op_type} '{_name(node)}': int32 accumulator to its int8 output"
         result = self.rescale(acc, shape, scales / out_scale, 0, out_zp, "i32", why)
         if activation is not None:
             result = self.clamp_after(result, shape, activation, out_scale, out_zp)
@@ -257,13 +268,13 @@ class _Lowering:
         w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
         bias = _dequantized_constant(node.inputs[2], node)[0] if len(node.inputs) > 2 else None
         if w.ndim != 4 or np.any(w_zp != 0):
-            raise TosaError(f"node '{node.name}': 2-d convs with symmetric weights are lowered, not this one")
+            raise TosaError(f"node '{_name(node)}': 2-d convs with symmetric weights are lowered, not this one")
         group = node.attributes.get_int("group", 1)
         pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
         strides = list(node.attributes.get_ints("strides", [1, 1]))
         dilations = list(node.attributes.get_ints("dilations", [1, 1]))
         if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
-            raise TosaError(f"node '{node.name}': auto_pad is not lowered (canonicalize writes explicit pads)")
+            raise TosaError(f"node '{_name(node)}': auto_pad is not lowered (canonicalize writes explicit pads)")
         out_c = w.shape[0]
         n, c, h, wd = self.shape_of(node.outputs[0])
         shape = (n, h, wd, c)
@@ -275,14 +286,16 @@ class _Lowering:
         if group == 1:
             weight = self.const(w.transpose(0, 2, 3, 1), "i8")  # OIHW -> OHWI
             acc = self.add("conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32", **attrs,
-                           node=str(node.name))  # fmt: skip
+                           node=_name(node))  # fmt: skip
         elif group == x.shape[3] and w.shape[1] == 1:
             multiplier = out_c // group
             weight = self.const(w.reshape(group, multiplier, *w.shape[2:]).transpose(2, 3, 0, 1), "i8")  # KH KW C M
             acc = self.add("depthwise_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32",
-                           **attrs, node=str(node.name))  # fmt: skip
+                           **attrs, node=_name(node))  # fmt: skip
         else:
-            raise TosaError(f"node '{node.name}': a grouped conv ({group} groups) that is not depthwise is not lowered")
+            raise TosaError(
+                f"node '{_name(node)}': a grouped conv ({group} groups) that is not depthwise is not lowered"
+            )
         scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
         self.kernel_output(node, acc, shape, scales, True)
 
@@ -290,15 +303,15 @@ class _Lowering:
         x = self.nchw(self.source(node.inputs[0], node))
         w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
         if node.attributes.get_int("transA", 0) or len(x.shape) != 2 or np.any(w_zp != 0):
-            raise TosaError(f"node '{node.name}': a Gemm of a 2-d input (transA 0) and symmetric weights is lowered")
+            raise TosaError(f"node '{_name(node)}': a Gemm of a 2-d input (transA 0) and symmetric weights is lowered")
         if node.attributes.get_float("alpha", 1.0) != 1.0 or node.attributes.get_float("beta", 1.0) != 1.0:
-            raise TosaError(f"node '{node.name}': a Gemm with alpha or beta other than 1 is not lowered")
+            raise TosaError(f"node '{_name(node)}': a Gemm with alpha or beta other than 1 is not lowered")
         weight = w.T if node.attributes.get_int("transB", 0) else w  # [K, M]
         rows, depth = x.shape
         out = weight.shape[1]
         x3 = self.add("reshape", [x.name], (1, rows, depth), "i8", new_shape=[1, rows, depth])
         acc = self.add("matmul", [x3, self.const(weight[None], "i8"), self.zero_point(x.zero_point),
-                                  self.zero_point(0)], (1, rows, out), "i32", node=str(node.name))  # fmt: skip
+                                  self.zero_point(0)], (1, rows, out), "i32", node=_name(node))  # fmt: skip
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             bias = _dequantized_constant(node.inputs[2], node)[0].astype(np.int32).reshape(1, 1, -1)
             acc = self.add("add", [acc, self.const(np.broadcast_to(bias, (1, 1, out)), "i32")], (1, rows, out), "i32")
@@ -309,7 +322,7 @@ class _Lowering:
         x = self.source(node.inputs[0], node)
         q, scale, zp = self.quantized_output(node.outputs[0], node)
         if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
-            raise TosaError(f"node '{node.name}' ({node.op_type}): its input and output are quantized differently")
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): its input and output are quantized differently")
         return x, q
 
     def max_pool(self, node: ir.Node) -> None:
@@ -317,7 +330,7 @@ class _Lowering:
         x = self.nhwc(x)
         dilated = any(d != 1 for d in node.attributes.get_ints("dilations", [1, 1]))
         if node.attributes.get_int("ceil_mode", 0) or dilated:
-            raise TosaError(f"node '{node.name}': MaxPool with ceil_mode or dilations is not lowered")
+            raise TosaError(f"node '{_name(node)}': MaxPool with ceil_mode or dilations is not lowered")
         pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
         n, c, h, w = self.shape_of(node.outputs[0])
         shape = (n, h, w, c)
@@ -334,12 +347,12 @@ class _Lowering:
         x = self.nhwc(self.source(node.inputs[0], node))
         n, h, w, c = x.shape
         if h * w * 255 >= 1 << 31:
-            raise TosaError(f"node '{node.name}': a {h}x{w} mean could overflow its int32 sum")
+            raise TosaError(f"node '{_name(node)}': a {h}x{w} mean could overflow its int32 sum")
         q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
-        wide = self.rescale_to_i32(x, 1.0, f"GlobalAveragePool '{node.name}': int8 to int32, zero point removed")
+        wide = self.rescale_to_i32(x, 1.0, f"GlobalAveragePool '{_name(node)}': int8 to int32, zero point removed")
         rows = self.add("reduce_sum", [wide], (n, 1, w, c), "i32", axis=1)
         total = self.add("reduce_sum", [rows], (n, 1, 1, c), "i32", axis=2)
-        why = f"GlobalAveragePool '{node.name}': the sum over {h}x{w} positions to the int8 mean"
+        why = f"GlobalAveragePool '{_name(node)}': the sum over {h}x{w} positions to the int8 mean"
         result = self.rescale(total, (n, 1, 1, c), np.array([x.scale / (h * w * out_scale)]), 0, out_zp, "i32", why)
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, (n, 1, 1, c), out_scale, out_zp, True)
 
@@ -353,7 +366,7 @@ class _Lowering:
         if indices is None and index_value is not None:
             indices = self.integers.get(str(index_value.name))
         if indices is None:
-            raise TosaError(f"node '{node.name}' (Gather): its indices are not known when the shapes are static")
+            raise TosaError(f"node '{_name(node)}' (Gather): its indices are not known when the shapes are static")
         axis = node.attributes.get_int("axis", 0) % len(x.shape)
         outer, size = int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis]
         inner = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
@@ -378,7 +391,7 @@ class _Lowering:
         x = self.source(node.inputs[0], node)
         q, scale, zp = self.quantized_output(node.outputs[0], node)
         if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
-            raise TosaError(f"node '{node.name}' ({node.op_type}): its input and output are quantized differently")
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): its input and output are quantized differently")
         name = self.clamp_after(x.name, x.shape, node, scale, zp)
         self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, scale, zp, x.nhwc)
 
@@ -388,15 +401,15 @@ class _Lowering:
         keeps float on ONNX Runtime) it stays an int32 stream: each QuantizeLinear reading it gets
         its own rescale to int8, and the next sum reads the stream."""
         a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in node.inputs[:2] if v is not None)
-        if a.shape != b.shape:
+        if a.shape != b.shape or a.nhwc != b.nhwc:  # one layout for both (a square map hides the difference)
             a, b = self.nhwc(a), self.nhwc(b)
         if a.shape != b.shape or a.nhwc != b.nhwc:
-            raise TosaError(f"node '{node.name}': an Add of two tensors of different shapes is not lowered")
+            raise TosaError(f"node '{_name(node)}': an Add of two tensors of different shapes is not lowered")
         streams = [t for t in (a, b) if t.wide]
         # a stream keeps its scale; two int8 tensors start one 2**16 times finer than the coarser input
         common = streams[0].scale if streams else max(a.scale, b.scale) / (1 << STREAM_BITS)
         parts = [
-            self.rescale_to_i32(t, t.scale / common, f"Add '{node.name}': an input to the sum's int32 scale")
+            self.rescale_to_i32(t, t.scale / common, f"Add '{_name(node)}': an input to the sum's int32 scale")
             for t in (a, b)
         ]
         total = _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, wide=True)
@@ -405,12 +418,12 @@ class _Lowering:
         if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add") for r in readers):
             kinds = ", ".join(sorted({r.op_type for r in readers})) or "a graph output"
             raise TosaError(
-                f"node '{node.name}' (Add): its sum is read by {kinds}; only by QuantizeLinear or Add is lowered"
+                f"node '{_name(node)}' (Add): its sum is read by {kinds}; only by QuantizeLinear or Add is lowered"
             )
         self.wide[str(value.name)] = total
         for q in (r for r in readers if r.op_type == "QuantizeLinear"):
             out_scale, out_zp = _params(q)
-            why = f"Add '{node.name}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
+            why = f"Add '{_name(node)}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
             result = self.rescale(total.name, a.shape, np.array([common / out_scale]), 0, out_zp, "i32", why)
             self.tensors[str(q.outputs[0].name)] = _Tensor(result, a.shape, out_scale, out_zp, a.nhwc)
 
@@ -450,7 +463,7 @@ def _dequantized_constant(value: ir.Value | None, node: ir.Node) -> tuple[Array,
     dq = value.producer() if value is not None else None
     data = constant(dq.inputs[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if dq is None or data is None:
-        raise TosaError(f"node '{node.name}': input '{value.name if value else '?'}' is not a quantized constant")
+        raise TosaError(f"node '{_name(node)}': input '{value.name if value else '?'}' is not a quantized constant")
     scale = constant(dq.inputs[1])
     zp = constant(dq.inputs[2]) if len(dq.inputs) > 2 else None
     assert scale is not None
@@ -480,11 +493,12 @@ def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[st
         dtype = onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
         feeds[graph_input.name] = np.zeros(shape, dtype)
     known = {o.name for o in proto.graph.output}
-    types = {str(v.name): v.dtype for n in model.graph for v in n.outputs}
+    inferred = onnx.shape_inference.infer_shapes(proto)  # element types the model may not state
+    types = {i.name: i.type.tensor_type.elem_type for i in inferred.graph.value_info if i.type.HasField("tensor_type")}
+    types.update({str(v.name): int(v.dtype) for n in model.graph for v in n.outputs if v.dtype is not None})
     for name in (o for n in proto.graph.node for o in n.output if o and o not in known):
-        element = types.get(name)
-        if element is not None:
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, int(element), None))
+        if types.get(name):
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -517,7 +531,7 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
                 if producer is not None and producer.op_type == "Add" and node.op_type == "Add":
                     continue  # a residual stream (int32)
                 raise TosaError(
-                    f"node '{node.name}' ({node.op_type}) computes in float: its input '{value.name}' is not "
+                    f"node '{_name(node)}' ({node.op_type}) computes in float: its input '{value.name}' is not "
                     "quantized, and the tosa-int8 target is integer-only (the report's quantizers say why)"
                 )
     shapes, integers = _static_shapes(model)
@@ -546,7 +560,7 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
                 continue  # written with its kernel
         lower = LOWERINGS.get(node.op_type)
         if lower is None:
-            raise TosaError(f"node '{node.name}' ({node.op_type}): the tosa-int8 backend does not lower this op yet")
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): the tosa-int8 backend does not lower this op yet")
         lower(lowering, node)
     outputs: list[Edge] = []
     results: list[str] = []
