@@ -324,7 +324,18 @@ def test_lowering_golden(path: Path, update_golden: bool) -> None:
         path.write_text(source + EXPECTED + "\n" + got)
         return
     assert got == expected, f"{path.name}: the lowering differs (pytest --update-golden to accept)"
-    if program is None or MISSING:
+    if program is None:
+        return
+    # the same numbers as the QDQ model in ONNX Runtime, up to rounding: at most one output step
+    qdq = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        ints = {e.name: rng.integers(-128, 128, e.shape, dtype=np.int8) for e in program.inputs}
+        floats = {e.name: ((ints[e.name] - e.zero_point) * e.scale).astype(np.float32) for e in program.inputs}
+        for edge, mine, theirs in zip(program.outputs, run_tosa(program, ints), qdq.run(None, floats), strict=True):
+            steps = np.abs((mine.astype(np.float64) - edge.zero_point) * edge.scale - theirs) / edge.scale
+            assert steps.max() <= 1.0 + 1e-6, f"{path.name}: output '{edge.name}' {steps.max()} steps from ONNX Runtime"
+    if MISSING:
         return
     validate_tosa(got)
     module = IreeModule(compile_iree(got))

@@ -25,6 +25,7 @@ it, and ``backends.tosa_tools`` checks it with ``mlir-opt`` and runs it in IREE.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -395,6 +396,49 @@ class _Lowering:
         name = self.clamp_after(x.name, x.shape, node, scale, zp)
         self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, scale, zp, x.nhwc)
 
+    def table(self, node: ir.Node) -> None:
+        """A unary op on int8 values as ``tosa.table``: its 256 results, each the op on the dequantized
+        input then quantized (half to even) as the QuantizeLinear after it says: what ONNX Runtime
+        computes for the QDQ model, and how it runs QLinearSigmoid itself."""
+        x = self.source(node.inputs[0], node)
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        real = (np.arange(-128, 128, dtype=np.float64) - x.zero_point) * x.scale
+        with np.errstate(over="ignore"):
+            y = UNARY[node.op_type](real.astype(np.float32), node).astype(np.float64)
+        values = np.clip(np.rint(y / out_scale) + out_zp, -128, 127).astype(np.int8)
+        name = self.add("table", [x.name, self.const(values, "i8")], x.shape, "i8")
+        self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, out_scale, out_zp, x.nhwc)
+
+    def mul(self, node: ir.Node) -> None:
+        """A product of two int8 tensors (or one and an int8 constant), broadcast as ONNX does: both
+        to int32 with their zero points removed, ``tosa.mul``, rescaled to the output."""
+        a, b = (self.operand(v, node) for v in node.inputs[:2])
+        if len(a.shape) == len(b.shape) == 4 and a.nhwc != b.nhwc:
+            a, b = self.nhwc(a), self.nhwc(b)
+        if len(a.shape) != len(b.shape):
+            raise TosaError(f"node '{_name(node)}' (Mul): operands of ranks {len(a.shape)} and {len(b.shape)}")
+        shape = tuple(int(d) for d in np.broadcast_shapes(a.shape, b.shape))
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"Mul '{_name(node)}': an input to int32, zero point removed"
+        wide = [self.rescale_to_i32(t, 1.0, why) for t in (a, b)]
+        product = self.add("mul", [*wide, self.const(np.zeros(1), "i8")], shape, "i32")
+        why = f"Mul '{_name(node)}': the int32 product to its int8 output"
+        result = self.rescale(product, shape, np.array([a.scale * b.scale / out_scale]), 0, out_zp, "i32", why)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, shape, out_scale, out_zp, a.nhwc or b.nhwc)
+
+    def operand(self, value: ir.Value | None, node: ir.Node) -> _Tensor:
+        """An int8 tensor, or a dequantized int8 constant made one (its dimensions padded to the
+        other operand's rank by the caller's broadcasting)."""
+        producer = value.producer() if value is not None else None
+        if producer is not None and producer.op_type == "DequantizeLinear" and constant(producer.inputs[0]) is not None:
+            data, scale, zp = _dequantized_constant(value, node)
+            if data.dtype not in (np.int8, np.uint8) or scale.size != 1:
+                raise TosaError(f"node '{_name(node)}': a per-tensor 8-bit constant operand is lowered, not this one")
+            shift = 128 if data.dtype == np.uint8 else 0
+            values = (data.astype(np.int16) - shift).astype(np.int8)
+            return _Tensor(self.const(values, "i8"), values.shape, float(scale), int(zp) - shift)
+        return self.source(value, node)
+
     def add_op(self, node: ir.Node) -> None:
         """A sum of two tensors, int8 or int32 streams, on a common int32 scale. Rounded to int8 when
         one QuantizeLinear is all that reads it; otherwise (a residual connection, which requant
@@ -439,11 +483,25 @@ class _Lowering:
                         t.shape, "i32", per_channel=False, scale32=True, why=why, scale=[scale])  # fmt: skip
 
 
+def _hard_sigmoid(x: Array, node: ir.Node) -> Array:
+    alpha, beta = node.attributes.get_float("alpha", 0.2), node.attributes.get_float("beta", 0.5)
+    return np.clip(alpha * x + beta, 0.0, 1.0)
+
+
+UNARY: dict[str, Callable[[Array, ir.Node], Array]] = {  # what tosa.table computes, in float32 as ONNX Runtime does
+    "Sigmoid": lambda x, node: 1.0 / (1.0 + np.exp(-x)),
+    "Tanh": lambda x, node: np.tanh(x),
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": lambda x, node: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
+    "LeakyRelu": lambda x, node: np.where(x >= 0, x, node.attributes.get_float("alpha", 0.01) * x),
+}
+
 LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MaxPool": _Lowering.max_pool,
              "Reshape": _Lowering.reshape, "Flatten": _Lowering.reshape, "Relu": _Lowering.clamp,
              "Clip": _Lowering.clamp, "Add": _Lowering.add_op,
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
-             "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape}  # fmt: skip
+             "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
+             "Mul": _Lowering.mul, **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 
 def _params(q: ir.Node) -> tuple[float, int]:

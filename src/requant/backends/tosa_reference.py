@@ -98,6 +98,18 @@ def _rescale(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.clip(scaled, *limits).astype(np.int8 if op.dtype == "i8" else np.int32)
 
 
+def _table(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    x, table = args  # int8 input: the entry at x + 128
+    return table[x.astype(np.int64) + 128]
+
+
+def _mul(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    a, b, shift = args
+    if shift[0] != 0:
+        raise TosaError(f"mul {op.output}: only shift 0 is interpreted")
+    return _int32(a.astype(np.int64) * b.astype(np.int64), op)
+
+
 def _clamp(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.clip(args[0], op.attrs["min_val"], op.attrs["max_val"]).astype(args[0].dtype)
 
@@ -153,6 +165,8 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "max_pool2d": _max_pool,
     "reduce_sum": _reduce_sum,
     "gather": _gather,
+    "table": _table,
+    "mul": _mul,
     "slice": _slice,
     "transpose": _transpose,
     "reshape": _reshape,

@@ -6,8 +6,9 @@ times the weight scale, and int32 accumulators brought back to int8 by ``tosa.re
 op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
 residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
-(2-d, and depthwise) and ``Gemm`` with a folded Relu or Clip, ``Add``, ``Relu``, ``Clip``,
-``MaxPool``, ``GlobalAveragePool``, ``Reshape`` and ``Flatten``.
+(2-d, and depthwise) and ``Gemm`` with a folded Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
+``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
+``MaxPool``, ``GlobalAveragePool``, ``Reshape``, ``Flatten`` and ``Gather``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,18 @@ __all__ = ["TOSA_INT8", "TOSA_INT32"]
 ACTIVATION_DTYPES = ("int8", "uint8")  # uint8 is written as int8 (q - 128, zero point - 128): exact
 PRODUCERS = ("Conv", "Gemm")
 FOLDED_ACTIVATIONS = ("Relu", "Clip")
-STANDALONE = ("Add", "Relu", "Clip", "GlobalAveragePool")
+STANDALONE = (
+    "Add",
+    "Mul",
+    "Relu",
+    "Clip",
+    "GlobalAveragePool",
+    "Sigmoid",
+    "Tanh",
+    "HardSigmoid",
+    "HardSwish",
+    "LeakyRelu",
+)
 
 
 def _check(match: Match, config: QuantizationConfig) -> Verdict:
@@ -76,7 +88,7 @@ def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
-    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "Mul", "Sigmoid", "AveragePool", "Softmax")
+    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "AveragePool", "Softmax")
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
