@@ -24,7 +24,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
-from requant.backends.tosa import TosaProgram, lower_to_tosa
+from requant.backends.tosa import TosaError, TosaProgram, lower_to_tosa
 from requant.backends.tosa_mlir import to_mlir
 from requant.backends.tosa_reference import run_tosa
 from requant.calibration.bias_correction import (
@@ -680,7 +680,14 @@ def quantize(
         if output is not None and not str(output).endswith(".mlir"):
             log.info("target %s: writing the QDQ twin to %s (a path ending in .mlir gets the TOSA program)",
                      target, output)  # fmt: skip
-        program = lower_to_tosa(quantized, rounding or "single_round")
+        try:
+            program = lower_to_tosa(quantized, rounding or "single_round")
+        except TosaError as error:  # say why the node stayed float, from the quantizers' decisions
+            why = [d.reason for r in run.quantizer_report.records for d in r.decisions
+                   if error.node in d.nodes and d.status == "rejected" and d.reason]  # fmt: skip
+            if why:
+                raise TosaError(f"{error}: {why[0]}", error.node) from None
+            raise
         report["tosa"] = _tosa_record(program, quantized_proto, quantized, calibration_data, accumulator_bits)
     result = QuantizedModel(quantized, report, program)
     result.report["summary"] = summary(result.report, lint_result)

@@ -46,7 +46,12 @@ STREAM_BITS = 16  # an int32 stream of sums starts this many bits finer than the
 
 
 class TosaError(RequantError):
-    """A model (or part of one) the tosa-int8 backend cannot write as integer TOSA."""
+    """A model (or part of one) the tosa-int8 backend cannot write as integer TOSA; ``node``: the
+    node to blame, when one is."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 def _name(node: ir.Node) -> str:
@@ -590,7 +595,8 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
                     continue  # a residual stream (int32)
                 raise TosaError(
                     f"node '{_name(node)}' ({node.op_type}) computes in float: its input '{value.name}' is not "
-                    "quantized, and the tosa-int8 target is integer-only (the report's quantizers say why)"
+                    "quantized, and the tosa-int8 target is integer-only",
+                    _name(node),
                 )
     shapes, integers = _static_shapes(model)
     lowering = _Lowering(model.graph, shapes, integers)

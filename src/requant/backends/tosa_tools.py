@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,7 +74,9 @@ def validate_tosa(text: str) -> None:
 def compile_iree(text: str, cpu: str = "generic") -> bytes:
     """The IREE module (``.vmfb``) of ``text`` for the local CPU (``cpu``: LLVM's CPU name; ``generic``
     runs anywhere)."""
-    compiler = Path(sys.executable).with_name("iree-compile")
+    compiler = Path(sys.executable).with_name("iree-compile")  # the venv's, else the PATH's
+    if not compiler.is_file():
+        compiler = Path(shutil.which("iree-compile") or compiler)
     if not compiler.is_file():
         raise TosaError("iree-compile is not installed: pip install 'requant[tosa]' (iree-base-compiler)")
     with tempfile.TemporaryDirectory(prefix="requant-iree-") as folder:
