@@ -401,6 +401,53 @@ class _Lowering:
         name = self.clamp_after(x.name, x.shape, node, scale, zp)
         self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, scale, zp, x.nhwc)
 
+    def concat(self, node: ir.Node) -> None:
+        """``tosa.concat`` of int8 tensors, each first rescaled to the output's scale and zero point
+        where its own differ (a concat's inputs rarely share one: the rescale is where they meet)."""
+        parts = [self.source(v, node) for v in node.inputs if v is not None]
+        nhwc = all(t.nhwc for t in parts)
+        parts = [self.nhwc(t) if nhwc else self.nchw(t) for t in parts]
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        rank = len(parts[0].shape)
+        axis = node.attributes.get_int("axis", 0) % rank
+        if nhwc:
+            axis = [0, 2, 3, 1].index(axis)
+        names = []
+        for value, t in zip((v for v in node.inputs if v is not None), parts, strict=True):
+            same = math.isclose(t.scale, out_scale, rel_tol=1e-6) and t.zero_point == out_zp
+            why = f"Concat '{_name(node)}': input '{value.name}' to the output's scale and zero point"
+            names.append(t.name if same else self.rescale(t.name, t.shape, np.array([t.scale / out_scale]),
+                                                          t.zero_point, out_zp, "i8", why))  # fmt: skip
+        shape = list(parts[0].shape)
+        shape[axis] = sum(t.shape[axis] for t in parts)
+        name = self.add("concat", names, tuple(shape), "i8", axis=axis)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(name, tuple(shape), out_scale, out_zp, nhwc)
+
+    def average_pool(self, node: ir.Node) -> None:
+        """A mean over each window as a depthwise conv with weights 1 (int32 sums, the zero point
+        removed) rescaled by ``1 / window``: exact where every window counts the same (no padding, or
+        padding counted)."""
+        x = self.nhwc(self.source(node.inputs[0], node))
+        pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
+        if node.attributes.get_int("ceil_mode", 0) or (
+            any(pads) and not node.attributes.get_int("count_include_pad", 0)
+        ):
+            raise TosaError(f"node '{_name(node)}': AveragePool with ceil_mode or uncounted padding is not lowered")
+        kernel = list(node.attributes.get_ints("kernel_shape"))
+        strides = list(node.attributes.get_ints("strides", [1, 1]))
+        tosa_pads, crop = _exact_pads(x.shape[1:3], kernel, pads, strides, [1, 1])
+        x = self.cropped(x, crop)
+        n, c, h, w = self.shape_of(node.outputs[0])
+        ones = self.const(np.ones((*kernel, c, 1)), "i8")
+        zeros = [self.const(np.zeros(c), "i32"), self.zero_point(x.zero_point), self.zero_point(0)]
+        sums = self.add("depthwise_conv2d", [x.name, ones, *zeros], (n, h, w, c), "i32", pad=tosa_pads,
+                        stride=strides, dilation=[1, 1], node=_name(node))  # fmt: skip
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"AveragePool '{_name(node)}': the sum over {kernel[0]}x{kernel[1]} positions to the int8 mean"
+        result = self.rescale(sums, (n, h, w, c), np.array([x.scale / (kernel[0] * kernel[1] * out_scale)]), 0, out_zp,
+                              "i32", why)  # fmt: skip
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, (n, h, w, c), out_scale, out_zp, True)
+
     def table(self, node: ir.Node) -> None:
         """A unary op on int8 values as ``tosa.table``: its 256 results, each the op on the dequantized
         input then quantized (half to even) as the QuantizeLinear after it says: what ONNX Runtime
@@ -506,7 +553,8 @@ LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MaxPool": _Lowerin
              "Clip": _Lowering.clamp, "Add": _Lowering.add_op,
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
-             "Mul": _Lowering.mul, **{op: _Lowering.table for op in UNARY}}  # fmt: skip
+             "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
+             **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 
 def _params(q: ir.Node) -> tuple[float, int]:

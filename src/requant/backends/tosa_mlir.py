@@ -48,6 +48,8 @@ def _attributes(op: TosaOp, rounding: str) -> str:
                 f"stride = {_array(a['stride'])}")  # fmt: skip
     if op.kind == "transpose":
         return f"perms = array<i32: {', '.join(str(p) for p in a['perms'])}>"
+    if op.kind == "concat":
+        return f"axis = {a['axis']} : i32"
     if op.kind == "reduce_sum":
         return f"axis = {a['axis']} : i32"
     return ""

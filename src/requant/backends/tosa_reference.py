@@ -98,6 +98,10 @@ def _rescale(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.clip(scaled, *limits).astype(np.int8 if op.dtype == "i8" else np.int32)
 
 
+def _concat(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return np.concatenate(args, axis=op.attrs["axis"])
+
+
 def _table(op: TosaOp, args: list[Array], rounding: str) -> Array:
     x, table = args  # int8 input: the entry at x + 128
     return table[x.astype(np.int64) + 128]
@@ -166,6 +170,7 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "reduce_sum": _reduce_sum,
     "gather": _gather,
     "table": _table,
+    "concat": _concat,
     "mul": _mul,
     "slice": _slice,
     "transpose": _transpose,

@@ -8,7 +8,8 @@ residual connection) is not rounded to int8, as on ONNX Runtime where it stays f
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 (2-d, and depthwise) and ``Gemm`` with a folded Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
-``MaxPool``, ``GlobalAveragePool``, ``Reshape``, ``Flatten`` and ``Gather``.
+``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten`` and
+``Gather``.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
-    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "AveragePool", "Softmax")
+    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "Softmax")
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
