@@ -209,7 +209,7 @@ class _Lowering:
         raise TosaError(f"node '{_name(node)}' ({node.op_type}): input '{name}' is not a quantized tensor")
 
     def quantized_output(self, value: ir.Value, node: ir.Node) -> tuple[ir.Node, float, int]:
-        """The single QuantizeLinear reading ``value`` (through a Relu or Clip, returned first)."""
+        """The single QuantizeLinear reading ``value``, with its scale and (int8) zero point."""
         uses = [u.node for u in value.uses()]
         if len(uses) == 1 and uses[0].op_type == "QuantizeLinear":
             q = uses[0]
@@ -225,7 +225,7 @@ class _Lowering:
         it is there, for the report."""
         pairs = [multiplier_shift(float(s)) for s in np.atleast_1d(scales)]
         multipliers = self.const(np.array([m for m, _ in pairs]), "i32")
-        shifts = self.add("const", [], (len(pairs),), "i8", value=np.array([s for _, s in pairs], np.int8))
+        shifts = self.const(np.array([s for _, s in pairs]), "i8")
         return self.add(
             "rescale",
             [name, multipliers, shifts, self.zero_point(input_zp, dtype_in), self.zero_point(output_zp)],
@@ -530,7 +530,7 @@ class _Lowering:
         m, s = multiplier_shift(scale)
         zero = self.zero_point(t.zero_point, "i32" if t.wide else "i8")
         return self.add("rescale", [t.name, self.const(np.array([m]), "i32"),
-                                    self.add("const", [], (1,), "i8", value=np.array([s], np.int8)),
+                                    self.const(np.array([s]), "i8"),
                                     zero, self.zero_point(0, "i32")],
                         t.shape, "i32", per_channel=False, scale32=True, why=why, scale=[scale])  # fmt: skip
 
