@@ -70,7 +70,7 @@ def one(name: str, folder: Path, calib_count: int, eval_count: int, rounds: int)
     edges = program.inputs
 
     def quantize(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return [np.clip(np.rint(feeds[e.name] / e.scale) + e.zero_point, -128, 127).astype(np.int8) for e in edges]
+        return [e.quantize(feeds[e.name]) for e in edges]
 
     out = program.outputs[0]
     folded, _ = run_passes(load_onnx(path), get_passes("canonicalize"))  # the fastest float model: BN folded
@@ -87,7 +87,7 @@ def one(name: str, folder: Path, calib_count: int, eval_count: int, rounds: int)
             mismatches += int(np.count_nonzero(module.run(inputs)[0] != expected))
         floats.append(np.asarray(float_session.run(None, sample)[0], np.float64).reshape(-1))
         defaults.append(np.asarray(int8_session.run(None, sample)[0], np.float64).reshape(-1))
-        ints.append(((expected.astype(np.float64) - out.zero_point) * out.scale).reshape(-1))
+        ints.append(out.dequantize(expected).astype(np.float64).reshape(-1))
     f, d, t = (np.array(a) for a in (floats, defaults, ints))
     times = interleaved_latency_ms([float_session, int8_session, _Iree(module, quantize)], evaluation[0],
                                    budget_s=0.0, block_ms=20.0, min_rounds=rounds, max_rounds=rounds)  # fmt: skip

@@ -136,7 +136,7 @@ def test_the_digits_cnn_as_integer_tosa(tmp_path: Path) -> None:
     floats = ort.InferenceSession(str(DIGITS / "digits_cnn.onnx"), providers=["CPUExecutionProvider"])
     answers, float_answers = [], []
     for i in range(len(x)):
-        q = np.clip(np.rint(x[i : i + 1] / edge_in.scale) + edge_in.zero_point, -128, 127).astype(np.int8)
+        q = edge_in.quantize(x[i : i + 1])
         (expected,) = run_tosa(program, {edge_in.name: q})
         if i < 40:
             (got,) = module.run([q])
@@ -181,7 +181,7 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
         module = IreeModule(compile_iree(text))
         edge = result.tosa.inputs[0]
         for sample in data:
-            q = np.clip(np.rint(sample["x"] / edge.scale) + edge.zero_point, -128, 127).astype(np.int8)
+            q = edge.quantize(sample["x"])
             assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {"x": q})[0])
 
 
@@ -259,11 +259,11 @@ def test_mobilenet_v2_as_integer_tosa() -> None:
     edge_in, edge_out = program.inputs[0], program.outputs[0]
     agree = []
     for i, sample in enumerate(evaluation):
-        q = np.clip(np.rint(sample[key] / edge_in.scale) + edge_in.zero_point, -128, 127).astype(np.int8)
+        q = edge_in.quantize(sample[key])
         (ints,) = run_tosa(program, {key: q})
         if i < 4:
             assert np.array_equal(module.run([q])[0], ints), f"sample {i}"
-        logits = (ints.astype(np.float64) - edge_out.zero_point) * edge_out.scale
+        logits = edge_out.dequantize(ints)
         agree.append(int(logits.argmax()) == int(float_session.run(None, sample)[0].argmax()))
     ours = onnxruntime_output.report["evaluation"]["top1_agreement"]
     assert np.mean(agree) >= ours - 0.02 - 1 / len(agree), (np.mean(agree), ours)
@@ -331,9 +331,9 @@ def test_lowering_golden(path: Path, update_golden: bool) -> None:
     rng = np.random.default_rng(1)
     for _ in range(5):
         ints = {e.name: rng.integers(-128, 128, e.shape, dtype=np.int8) for e in program.inputs}
-        floats = {e.name: ((ints[e.name] - e.zero_point) * e.scale).astype(np.float32) for e in program.inputs}
+        floats = {e.name: e.dequantize(ints[e.name]) for e in program.inputs}
         for edge, mine, theirs in zip(program.outputs, run_tosa(program, ints), qdq.run(None, floats), strict=True):
-            steps = np.abs((mine.astype(np.float64) - edge.zero_point) * edge.scale - theirs) / edge.scale
+            steps = np.abs(edge.dequantize(mine).astype(np.float64) - theirs) / edge.scale
             assert steps.max() <= 1.0 + 1e-6, f"{path.name}: output '{edge.name}' {steps.max()} steps from ONNX Runtime"
     if MISSING:
         return

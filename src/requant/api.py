@@ -721,12 +721,11 @@ def _tosa_record(
     for sample in itertools.islice(iter_samples(model, data), TOSA_CHECK_SAMPLES):
         if any(np.shape(sample[e.name])[0] != 1 for e in program.inputs):
             continue  # the program is lowered for batch 1
-        ints = {e.name: np.clip(np.rint(sample[e.name] / e.scale) + e.zero_point, -128, 127).astype(np.int8)
-                for e in program.inputs}  # fmt: skip
+        ints = {e.name: e.quantize(sample[e.name]) for e in program.inputs}
         got = run_tosa(program, ints)
         expected = q_session.run(None, sample)
         for edge, value, reference in zip(program.outputs, got, expected, strict=False):
-            steps = np.abs((value.astype(np.float64) - edge.zero_point) * edge.scale - reference) / edge.scale
+            steps = np.abs(edge.dequantize(value).astype(np.float64) - reference) / edge.scale
             largest = max(largest, float(steps.max(initial=0.0)))
         if accumulator_bits is not None:
             narrow = run_tosa(program, ints, accumulator_bits=accumulator_bits, overflows=overflows)

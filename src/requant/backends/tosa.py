@@ -36,6 +36,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.queries import constant
+from requant.types import UniformQuantizedType, dcast, qcast
 
 __all__ = ["Edge", "TosaError", "TosaOp", "TosaProgram", "lower_to_tosa", "multiplier_shift"]
 
@@ -67,6 +68,14 @@ class Edge:
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+
+    def quantize(self, x: npt.ArrayLike) -> Array:
+        """What the host gives the program for float ``x`` (``qcast``, half to even, as ONNX Runtime)."""
+        return qcast(np.asarray(x, np.float32), UniformQuantizedType("i8", "f32", self.scale, self.zero_point))
+
+    def dequantize(self, q: npt.ArrayLike) -> Array:
+        """The float values of the program's int8 ``q`` (``dcast``)."""
+        return dcast(np.asarray(q), UniformQuantizedType("i8", "f32", self.scale, self.zero_point))
 
 
 @dataclass
@@ -324,15 +333,16 @@ class _Lowering:
         scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out,)) * x.scale
         self.kernel_output(node, acc, (1, rows, out), scales, False, (rows, out))
 
-    def same_scale(self, node: ir.Node) -> tuple[_Tensor, ir.Node]:
+    def same_scale(self, node: ir.Node) -> _Tensor:
+        """The int8 input of an op that moves or selects values: its output must be quantized alike."""
         x = self.source(node.inputs[0], node)
-        q, scale, zp = self.quantized_output(node.outputs[0], node)
+        _, scale, zp = self.quantized_output(node.outputs[0], node)
         if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
             raise TosaError(f"node '{_name(node)}' ({node.op_type}): its input and output are quantized differently")
-        return x, q
+        return x
 
     def max_pool(self, node: ir.Node) -> None:
-        x, _ = self.same_scale(node)
+        x = self.same_scale(node)
         x = self.nhwc(x)
         dilated = any(d != 1 for d in node.attributes.get_ints("dilations", [1, 1]))
         if node.attributes.get_int("ceil_mode", 0) or dilated:
@@ -365,7 +375,7 @@ class _Lowering:
     def gather(self, node: ir.Node) -> None:
         """A Gather of int8 values at indices known once the shapes are static: ``tosa.gather`` on
         the values as ``[outer, K, inner]`` with the indices repeated for each outer row."""
-        x, _ = self.same_scale(node)
+        x = self.same_scale(node)
         x = self.nchw(x)
         index_value = node.inputs[1]
         indices = constant(index_value)
@@ -384,22 +394,18 @@ class _Lowering:
         self.finish(node, self.add("reshape", [picked], shape, "i8", new_shape=list(shape)), shape, False)
 
     def identity(self, node: ir.Node) -> None:
-        x, _ = self.same_scale(node)
+        x = self.same_scale(node)
         self.finish(node, x.name, x.shape, x.nhwc)
 
     def reshape(self, node: ir.Node) -> None:
-        x, _ = self.same_scale(node)
+        x = self.same_scale(node)
         x = self.nchw(x)
         shape = self.shape_of(node.outputs[0])
         self.finish(node, self.add("reshape", [x.name], shape, "i8", new_shape=list(shape)), shape, False)
 
     def clamp(self, node: ir.Node) -> None:
-        x = self.source(node.inputs[0], node)
-        q, scale, zp = self.quantized_output(node.outputs[0], node)
-        if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
-            raise TosaError(f"node '{_name(node)}' ({node.op_type}): its input and output are quantized differently")
-        name = self.clamp_after(x.name, x.shape, node, scale, zp)
-        self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, scale, zp, x.nhwc)
+        x = self.same_scale(node)
+        self.finish(node, self.clamp_after(x.name, x.shape, node, x.scale, x.zero_point), x.shape, x.nhwc)
 
     def concat(self, node: ir.Node) -> None:
         """``tosa.concat`` of int8 tensors, each first rescaled to the output's scale and zero point

@@ -93,7 +93,7 @@ class _Measures(NamedTuple):
     shift: str
     noise: str
     signal: str
-    positions: str
+    elements: str
 
 
 class _Kernel(NamedTuple):
@@ -197,7 +197,7 @@ def _probe(
         ]
         base = kernel.name or kernel.op_type
         names = []
-        for node, what in zip(outputs, ("bias_shift", "noise", "signal", "positions"), strict=True):
+        for node, what in zip(outputs, ("bias_shift", "noise", "signal", "elements"), strict=True):
             node.outputs[0].name = fresh_name(f"{base}_{what}", taken)
             names.append(str(node.outputs[0].name))
         probe.graph.extend([reference, diff, flat, size, *outputs])
