@@ -365,7 +365,7 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
 
 
 RUNS = {  # tool -> its variants; requant's are "method[+variant]"
-    "requant": ("minmax", "mean_minmax", "mse", "mse+u8w", "mse+vnni"),
+    "requant": ("minmax", "mean_minmax", "auto", "mse", "mse+u8w", "mse+vnni"),
     "onnxruntime": ("MinMax", "MinMax/folded"),
     "nncf": ("default/folded",),
 }
@@ -374,47 +374,12 @@ VARIANTS = {"minilm": {"mse+u8w": "mse+u8fo"}, "crnn": {"MinMax/folded": "dynami
 
 
 def as_on_vnni(path: Path, out: Path) -> Path:
-    """The same integers with the int8 weights of uint8 x int8 GEMM kernels (and DynamicQuantizeLSTMs)
-    stored as uint8 (+128, zero point 128): ONNX Runtime's exact uint8 x uint8 kernel then computes
-    here what a CPU with VNNI computes (int32 sums) for the original model."""
+    """The same integers computed exactly (``requant.runtime.exact_twin``): what a CPU with VNNI computes."""
     import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(path)
-    constants = {t.name: t for t in model.graph.initializer}
-    readers: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] not in constants or len(node.input) < 3:
-            continue
-        weight = numpy_helper.to_array(constants[node.input[0]])
-        users = readers.get(node.output[0], [])
-        depthwise = any(u.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in u.attribute) for u in users)
-        if (
-            weight.dtype != np.int8
-            or depthwise
-            or not users
-            or any(u.op_type not in ("Conv", "Gemm", "MatMul") for u in users)
-        ):
-            continue
-        zero = numpy_helper.to_array(constants[node.input[2]])
-        constants[node.input[0]].CopyFrom(
-            numpy_helper.from_array((weight.astype(np.int16) + 128).astype(np.uint8), node.input[0])
-        )
-        shifted = f"{node.input[2]}_as_uint8_{node.output[0]}"
-        model.graph.initializer.append(numpy_helper.from_array((zero.astype(np.int16) + 128).astype(np.uint8), shifted))
-        node.input[2] = shifted
-    for node in model.graph.node:  # DynamicQuantizeLSTM: weights (1, 2) and their zero points (9, 11)
-        if node.op_type != "DynamicQuantizeLSTM":
-            continue
-        for index in (1, 2, 9, 11):
-            tensor = constants[node.input[index]]
-            values = numpy_helper.to_array(tensor)
-            if values.dtype == np.int8:
-                tensor.CopyFrom(numpy_helper.from_array((values.astype(np.int16) + 128).astype(np.uint8), tensor.name))
-    onnx.save(model, out)
+    from requant.runtime import exact_twin
+
+    onnx.save(exact_twin(onnx.load(path)), out)
     return out
 
 
@@ -441,6 +406,7 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=40, help="latency: rounds of blocks of every model")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--runs", help="only these tool:method runs, e.g. requant:minmax,requant:auto,nncf:default/folded")
     args = parser.parse_args()
     onnxruntime.set_global_thread_pool_sizes(2, 1)  # one pool for every session: 2 threads, spinning as usual
     from ort_without_vnni import MARKER  # (this script's folder is first on sys.path)
@@ -466,8 +432,11 @@ def main() -> None:
             folded_path = folder / f"{name}.folded.onnx"
             save_onnx(folded, folded_path)
             rows, timed = [], [folded_path, path]
+            only = set(args.runs.split(",")) if args.runs else None
             for tool, variants in RUNS.items():
                 for method in (VARIANTS.get(name, {}).get(v, v) for v in variants):
+                    if only is not None and f"{tool}:{method}" not in only:
+                        continue
                     out = folder / f"{name}.{tool}.{method.replace('/', '_').replace('+', '_')}.onnx"
                     source = folded_path if method.endswith("/folded") else path
                     given = ("transformer" if name == "minilm" else "default") if tool == "nncf" else method

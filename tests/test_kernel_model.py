@@ -142,6 +142,45 @@ def test_qlinearconv_accumulates_as_the_kernel_model_says(
     assert (y != _conv_reference(x, w, bias, stride, pad, group, shift, other)).sum() > y.size // 10
 
 
+def test_the_exact_twin_computes_what_a_vnni_cpu_computes() -> None:
+    """``exact_twin`` stores a QDQ model's int8 GEMM weights as uint8 + 128: on any CPU ONNX Runtime
+    then gives the int32 sums (the exact reference), where the model as written follows the host."""
+    from requant.runtime import exact_twin
+
+    rng = np.random.default_rng(RNG_SEED)
+    cin, cout, shift = 8, 16, 11
+    x = _adversarial(rng, (1, cin, 6, 6), np.uint8)
+    w = _adversarial(rng, (cout, cin, 3, 3), np.int8)
+    bias = rng.integers(-5000, 5000, cout).astype(np.int32)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+        helper.make_node("DequantizeLinear", ["b", "ws"], ["bf"], axis=0),
+        helper.make_node("Conv", ["xf", "wf", "bf"], ["yf"], pads=[1] * 4, kernel_shape=[3, 3]),
+        helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"]),
+    ]
+    inits = [
+        _scalar("xs", 1.0), _scalar("xz", 0, np.uint8), numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.ones(cout, np.float32), "ws"), numpy_helper.from_array(np.zeros(cout, np.int8), "wz"),
+        numpy_helper.from_array(bias, "b"), _scalar("ys", 2.0**shift), _scalar("yz", 128, np.uint8),
+    ]  # fmt: skip
+    x_info = helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))
+    y_info = helper.make_tensor_value_info("y", TensorProto.UINT8, None)
+    model = helper.make_model(helper.make_graph(nodes, "g", [x_info], [y_info], inits),
+                              opset_imports=[helper.make_opsetid("", 21)])  # fmt: skip
+    model.ir_version = 10
+
+    def run(proto: Any) -> np.ndarray:
+        s = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        return np.asarray(s.run(None, {"x": x})[0])
+
+    host, _ = _on_host("Conv")
+    exact = _conv_reference(x, w, bias, 1, 1, 1, shift, INT32)
+    assert (run(model) == _conv_reference(x, w, bias, 1, 1, 1, shift, host)).all()
+    assert (run(exact_twin(model)) == exact).all()
+    assert (_conv_reference(x, w, bias, 1, 1, 1, shift, INT16_PAIRS) != exact).sum() > exact.size // 10  # adversarial
+
+
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 8, 4), (5, 13, 7), (24, 300, 17)])
 def test_matmulinteger_and_matmulintegertofloat_pair_along_k(m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(RNG_SEED)

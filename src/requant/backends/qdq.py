@@ -36,6 +36,7 @@ from requant.ir.annotations import (
     load_annotations,
     quant_type,
     replace_value,
+    set_parameter_type,
     set_quant_type,
     set_request,
     stored_values,
@@ -120,7 +121,7 @@ def _tensor(array: npt.NDArray[Any], dtype: ir.DataType, name: str) -> ir.Tensor
 class _Builder:
     def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
-        self.cache: dict[str, _Params] = {}
+        self.cache: dict[UniformType, _Params] = {}
         self.taken: set[str | None] = {v.name for v in graph_values(graph)}
 
     def name(self, base: str) -> str:
@@ -136,15 +137,14 @@ class _Builder:
         return value
 
     def params(self, t: UniformType, owner: str) -> _Params:
-        key = str(t)
-        if key not in self.cache:
+        if t not in self.cache:  # types compare by value: equal types share their initializers
             scale, zero_point, attributes = _arrays(t, owner)
-            self.cache[key] = _Params(
+            self.cache[t] = _Params(
                 self.initializer(f"{owner}_scale", scale),
                 self.initializer(f"{owner}_zero_point", zero_point, STORAGE_DTYPES[t.storage]),
                 attributes,
             )
-        return self.cache[key]
+        return self.cache[t]
 
     def node(self, op: str, inputs: list[ir.Value], attributes: dict[str, int], out: str) -> ir.Node:
         attrs = [ir.AttrInt64(k, v) for k, v in attributes.items()]
@@ -159,10 +159,7 @@ def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) 
     chosen = stored_values(value)  # a weight encoding's integers (requant.calibration.weight_encoding)
     stored = chosen.astype(t.storage_type.numpy_dtype) if chosen is not None else qcast(value.const_value.numpy(), t)
     quantized = builder.initializer(f"{name}_quantized", stored, STORAGE_DTYPES[t.storage])
-    # A per-channel type's text repeats every scale in decimal: ~1 MB of EfficientNet-Lite0's
-    # 6.1 MB. The scale and zero-point initializers beside it hold the same numbers, so the saved
-    # model keeps only per-tensor type text; in memory (value.meta) the type stays.
-    set_quant_type(quantized, t, text=isinstance(t, UniformQuantizedType))
+    set_parameter_type(quantized, t)
     params = builder.params(t, name)
     dq = builder.node("DequantizeLinear", [quantized, params.scale, params.zero_point], params.attributes, f"{name}_dq")
     out = dq.outputs[0]

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, make_observer
+from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, extremes, make_observer
 from requant.calibration.runner import Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_quant_type
@@ -31,10 +31,13 @@ class Calibrated:
     """Which type a value got, and how."""
 
     value: str
-    type: str
+    type: UniformType  # printed when the report is written (a per-channel type's text takes ~15 us a scale)
     observer: str
     kind: str  # "weight" or "activation"
     seen: dict[str, Any] | None = None  # what calibration observed (activations): range, histogram
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "type": str(self.type)}
 
 
 def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str) -> UniformType:
@@ -66,10 +69,11 @@ def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, 
 
 @dataclass
 class StatisticsCache:
-    """The observers of earlier calibrations of one model and data set, by value name and spec; and
-    the channel ranges smoothing measured, by value name."""
+    """The observers of earlier calibrations of one model and data set, by value name and spec; the
+    weights' types, by tensor, name and spec; and the channel ranges smoothing measured, by value name."""
 
     observers: dict[tuple[str, QuantizationSpec], Observer] = dataclasses.field(default_factory=dict)
+    weights: dict[tuple[int, str, QuantizationSpec], UniformType] = dataclasses.field(default_factory=dict)
     samples: int = 0
     channels: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -80,10 +84,19 @@ class _Fanout(Observer):
     def __init__(self, observers: list[Observer]) -> None:
         self.observers = observers
         self.batchable = all(o.batchable for o in observers)
+        # minmax and mean_minmax (method="auto"): one min and max of the array for both
+        same = [o for o in observers if isinstance(o, MinMaxObserver) and o.axis is None]
+        self.extremes = same if len(same) == len(observers) else None
 
     def update(self, array: Any) -> None:
-        for observer in self.observers:
-            observer.update(array)
+        if self.extremes is None:
+            for observer in self.observers:
+                observer.update(array)
+            return
+        found = extremes(array)
+        if found is not None:
+            for observer in self.extremes:
+                observer.add_extremes(found[1], found[2])
 
 
 def _activation_spec(value: ir.Value, requested: QuantizationSpec, method: str | None) -> QuantizationSpec:
@@ -126,9 +139,14 @@ def calibrate(
             continue
         expressed = element_name(value.dtype) or "f32"
         if value.const_value is not None:
-            t = weight_type(value.const_value.numpy(), r, expressed, str(value.name))
+            key = (id(value.const_value), str(value.name), r)  # clones share their tensors
+            t = cache.weights.get(key) if cache is not None else None
+            if t is None:
+                t = weight_type(value.const_value.numpy(), r, expressed, str(value.name))
+            if cache is not None:  # the same object: its text is printed once
+                cache.weights[key] = t
             set_quant_type(value, t)
-            records.append(Calibrated(str(value.name), str(t), "minmax", "weight"))
+            records.append(Calibrated(str(value.name), t, "minmax", "weight"))
             continue
         spec = _activation_spec(value, r, method)
         name = str(value.name)
@@ -153,5 +171,5 @@ def calibrate(
         except (CalibrationError, QuantTypeError) as exc:
             raise CalibrationError(f"value '{name}' after {count} samples: {exc}") from None
         set_quant_type(value, t)
-        records.append(Calibrated(name, str(t), spec.observer, "activation", observer.seen()))
+        records.append(Calibrated(name, t, spec.observer, "activation", observer.seen()))
     return records

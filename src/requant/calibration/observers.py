@@ -42,6 +42,7 @@ __all__ = [
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "Observer",
+    "extremes",
     "make_observer",
     "register_method",
 ]
@@ -90,7 +91,7 @@ def _finite(array: Array) -> Array:
     return flat if finite.all() else flat[finite]
 
 
-def _extremes(array: Array) -> tuple[Array, float, float] | None:
+def extremes(array: Array) -> tuple[Array, float, float] | None:
     """The array (its finite values, flat, when NaN or Inf is among them) and their smallest and
     largest value; None when there is no finite value. One min and max in the common case."""
     if array.size == 0:
@@ -124,19 +125,22 @@ class MinMaxObserver(Observer):
         if array.size == 0:
             return
         if self.axis is None:
-            found = _extremes(array)
-            if found is None:
-                return
-            _, low, high = found
-            if self.lo is not None and self.hi is not None:  # the common case, without numpy calls
-                if low >= self.lo and high <= self.hi:
-                    return
-                low, high = min(low, float(self.lo)), max(high, float(self.hi))
-            self.lo, self.hi = np.array(low), np.array(high)
+            found = extremes(array)
+            if found is not None:
+                self.add_extremes(found[1], found[2])
             return
         lo, hi = _per_axis(array, self.axis)
         self.lo = lo if self.lo is None else np.fmin(self.lo, lo)
         self.hi = hi if self.hi is None else np.fmax(self.hi, hi)
+
+    def add_extremes(self, low: float, high: float) -> None:
+        """One update's smallest and largest finite value, per tensor (``axis`` None): what ``update``
+        does with an array's, for a caller that feeds several observers the same array."""
+        if self.lo is not None and self.hi is not None:  # the common case, without numpy calls
+            if low >= self.lo and high <= self.hi:
+                return
+            low, high = min(low, float(self.lo)), max(high, float(self.hi))
+        self.lo, self.hi = np.array(low), np.array(high)
 
     def merge(self, other: Observer) -> None:
         assert isinstance(other, MinMaxObserver)
@@ -165,14 +169,19 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
     def update(self, array: Array) -> None:
         batch = MinMaxObserver(self.axis)
         batch.update(array)
-        if batch.lo is None or batch.hi is None:
-            return
+        if batch.lo is not None and batch.hi is not None:
+            self._average(batch.lo, batch.hi)
+
+    def add_extremes(self, low: float, high: float) -> None:
+        self._average(np.array(low), np.array(high))
+
+    def _average(self, lo: Array, hi: Array) -> None:
         if self.lo is None or self.hi is None:
-            self.lo, self.hi = batch.lo, batch.hi
+            self.lo, self.hi = lo, hi
         else:
             c = self.averaging_constant
-            self.lo = self.lo + c * (batch.lo - self.lo)
-            self.hi = self.hi + c * (batch.hi - self.hi)
+            self.lo = self.lo + c * (lo - self.lo)
+            self.hi = self.hi + c * (hi - self.hi)
 
 
 @dataclass
@@ -190,6 +199,9 @@ class MeanMinMaxObserver(MinMaxObserver):
         sample.update(array)
         if sample.lo is not None and sample.hi is not None and not np.isnan(sample.lo).any():
             self._add(1, sample.lo, sample.hi)
+
+    def add_extremes(self, low: float, high: float) -> None:
+        self._add(1, np.array(low), np.array(high))
 
     def merge(self, other: Observer) -> None:
         assert isinstance(other, MeanMinMaxObserver)
@@ -241,7 +253,7 @@ class Histogram:
             self.lo, self.hi, self.counts = new_lo, new_hi, counts
 
     def update(self, values: Array) -> None:
-        found = _extremes(np.asarray(values).reshape(-1))
+        found = extremes(np.asarray(values).reshape(-1))
         if found is None:
             return
         values, lo, hi = found

@@ -23,11 +23,12 @@ import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
 from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding, encode_weights, rescale_stored
-from requant.ir.annotations import element_name, quant_type, request, set_quant_type
+from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type
 from requant.ir.queries import graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
 from requant.targets.kernels import KernelModel
 from requant.types import (
+    QuantizedType,
     UniformQuantizedPerAxisType,
     UniformQuantizedType,
     UniformType,
@@ -44,8 +45,11 @@ class Propagated:
     """A type given by propagation, and why."""
 
     value: str
-    type: str
+    type: QuantizedType | str  # the type ("float" when kept float), printed when the report is written
     why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"value": self.value, "type": str(self.type), "why": self.why}
 
 
 def _bias_limit(types: list[UniformType], weight: ir.Value | None, channels: int) -> float:
@@ -91,7 +95,7 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
         if isinstance(r, FixedSpec):
             fixed = r.quant_type(element_name(value.dtype) or "f32")
             set_quant_type(value, fixed)
-            notes.append(Propagated(str(value.name), str(fixed), "fixed parameters"))
+            notes.append(Propagated(str(value.name), fixed, "fixed parameters"))
 
     def root(value: ir.Value) -> ir.Value:
         seen = {str(value.name)}
@@ -115,7 +119,7 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
             if shared is None:
                 raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
             set_quant_type(value, shared)
-            notes.append(Propagated(str(value.name), str(shared), f"shared with '{source.name}'"))
+            notes.append(Propagated(str(value.name), shared, f"shared with '{source.name}'"))
 
     encodings = encode_weights(model, kernels, memo) if kernels is not None else []
 
@@ -150,13 +154,13 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
                 factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
                 new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
                 adjusted = with_scales(wtype, new_scales)
-                set_quant_type(weight, adjusted)
+                set_parameter_type(weight, adjusted)
                 rescale_stored(weight, wtype, adjusted)
                 scale = scale * factor
                 notes.append(
                     Propagated(
                         weight_name,
-                        str(adjusted),
+                        adjusted,
                         f"weight scale raised so bias '{value.name}' fits int32 with room for the accumulation",
                     )
                 )
@@ -169,6 +173,6 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
             derived = UniformQuantizedType(storage, expressed, float(scale[0]))
         else:
             derived = UniformQuantizedPerAxisType(storage, expressed, 0, [float(s) for s in scale])
-        set_quant_type(value, derived)
-        notes.append(Propagated(str(value.name), str(derived), f"product of the scales of {', '.join(r.sources)}"))
+        set_parameter_type(value, derived)
+        notes.append(Propagated(str(value.name), derived, f"product of the scales of {', '.join(r.sources)}"))
     return Propagation(notes, encodings)

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.ir.annotations import quant_type, set_quant_type, set_stored_values, stored_values
+from requant.ir.annotations import quant_type, set_parameter_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
 from requant.targets.kernels import KernelModel, Reduction, is_depthwise
@@ -287,7 +287,7 @@ def _encode_one(
     encoded = with_scales(wt, scales * factor)
     new_scales = _scales(encoded, len(factor))
     moved = int((q != np.clip(np.rint(rows_f / new_scales[:, None]), wt.storage_min, wt.storage_max)).sum())
-    set_quant_type(w, encoded, text=isinstance(encoded, UniformQuantizedType))
+    set_parameter_type(w, encoded)
     set_stored_values(w, reduction.weight_of(q).astype(wt.storage_type.numpy_dtype))
     noise = float(((rows_f - q * new_scales[:, None]) ** 2).sum())
     return dataclasses.replace(
@@ -321,7 +321,7 @@ def encode_weights(model: ir.Model, kernels: KernelModel, memo: EncodingMemo | N
                 id(w.const_value),
                 str(w.name),
                 str(node.name),
-                str(wt),
+                wt,
                 xt.storage_min,
                 xt.storage_max,
                 kernels.name,
@@ -334,7 +334,7 @@ def encode_weights(model: ir.Model, kernels: KernelModel, memo: EncodingMemo | N
             else:
                 record, encoded, stored = memo[key]
                 if encoded is not None:
-                    set_quant_type(w, encoded, text=isinstance(encoded, UniformQuantizedType))
+                    set_parameter_type(w, encoded)
                     set_stored_values(w, stored)
             records.append(record)
     return records
