@@ -406,7 +406,9 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=40, help="latency: rounds of blocks of every model")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--runs", help="only these tool:method runs, e.g. requant:minmax,requant:auto,nncf:default/folded")
+    parser.add_argument(
+        "--runs", help="only these tool:method runs, e.g. requant:minmax,requant:auto,nncf:default/folded"
+    )
     args = parser.parse_args()
     onnxruntime.set_global_thread_pool_sizes(2, 1)  # one pool for every session: 2 threads, spinning as usual
     from ort_without_vnni import MARKER  # (this script's folder is first on sys.path)

@@ -28,6 +28,13 @@ def test_type_prints_canonical_text_and_fields() -> None:
     ]
 
 
+def test_type_names_what_mlir_accepts_but_no_target_can_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["type", "!quant.uniform<i8:f32, 2.0:128>"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "!quant.uniform<i8:f32, 2.000000e+00:128>"
+    assert lines[-1].split()[:2] == ["unusable", "zero"] and "out of storage type i8 range [-128, 127]" in lines[-1]
+
+
 def test_type_error_exits_1_with_mlir_message() -> None:
     result = run("type", "!quant.uniform<i8:f32, 3>")
     assert result.returncode == 1

@@ -402,7 +402,7 @@ def api_cases() -> list[Case]:
 TYPES: list[tuple[str, str]] = [  # MLIR's own messages, with the position
     ("garbage", "1:1: expected a builtin float or integer type or a quantized type, got 'garbage'"),
     ("!quant.uniform<i8:f32, 0.0>", "1:24: scale 0.000000e+00 out of expressed type range"),
-    ("!quant.uniform<i8:f32, 0.5:300>", "1:28: zero point 300 out of storage type i8 range [-128, 127]"),
+    ("!quant.uniform<i8:f32:{0:1}, {{0.5:300}}>", "1:36: zero point 300 out of storage type i8 range [-128, 127]"),
     ("!quant.uniform<i8:f32, nan>", "1:24: expected floating point literal"),
     ("!quant.uniform<i8:f32, 0.5", "1:27: expected '>'"),
     ("tensor<2x!quant.uniform<i8:f32:1, {0.5, 0.25, 0.125}>>", "quantized dimension must be less than tensor rank"),

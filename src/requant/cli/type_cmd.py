@@ -71,6 +71,8 @@ def describe(t: TensorType) -> str:
         simpler = normalize(t.element)
         if simpler is not t.element:
             lines.append(f"  {'normalized':<14} {simpler}")
+        for problem in t.element.problems():  # MLIR accepts the type; no target can store it
+            lines.append(f"  {'unusable':<14} {problem} (MLIR accepts it; requant's verifier refuses it on a value)")
     else:
         lines.append(f"  {'element':<14} {t.element}")
     return "\n".join(lines)

@@ -108,10 +108,14 @@ def check_annotation(value: ir.Value, t: QuantizedType) -> None:
 
     A float value must have ``t``'s expressed type; an integer value (stored
     values) must have its storage width and signedness. Per-axis and
-    sub-channel types must satisfy the integrity rules against the shape.
+    sub-channel types must satisfy the integrity rules against the shape. A type MLIR accepts but
+    no target can store (``t.problems()``: a zero point outside the storage type, a block axis given
+    twice) is refused here, not when it is parsed.
     """
     dtype = element_name(value.dtype)
     where = f"value '{value.name}'"
+    for problem in t.problems():
+        raise AnnotationError(f"{where}: annotation {_short(t)} is MLIR's but unusable for a target: {problem}")
     if dtype in FLOAT_FORMATS:
         expressed = t.expressed  # type: ignore[attr-defined]  # every quantized type has one (Any: maybe None)
         if expressed is not None and expressed != dtype:

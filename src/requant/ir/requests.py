@@ -263,9 +263,11 @@ class FixedSpec:
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
         try:
-            self.quant_type("f32")
+            problems = self.quant_type("f32").problems()  # a request is for a target: MLIR's leeway is not
         except RequantError as exc:
             raise RequestError(f"FixedSpec: {exc}") from None
+        if problems:
+            raise RequestError(f"FixedSpec: {problems[0]}")
 
     def quant_type(self, expressed: str = "f32") -> UniformQuantizedType:
         """The quantized type these parameters make for a value of the given float type."""

@@ -2,10 +2,14 @@
 
 ``str(t)`` is MLIR 22's canonical text for ``t``, byte for byte; see
 :mod:`requant.types.syntax` for the way back. Constructors check everything
-MLIR's verifiers check, plus three things MLIR lets through (documented in
-``docs/types.md``): NaN scales, zero points outside the storage type, and
-sub-channel block information that no tensor could satisfy (a repeated axis,
-or an axis not below the rank of the scale grid).
+MLIR's verifiers check, plus what MLIR lets through but cannot use itself
+(documented in ``docs/types.md``): NaN scales, sub-channel zero points outside
+the storage type (MLIR aborts on them) and a block axis not below the rank of
+the scale grid. What MLIR accepts and uses but no target can store, a zero
+point of a uniform or per-axis type outside its storage type (MLIR's own tests
+write ``!quant.uniform<i8:f32, 2.0:128>``) and a block axis given twice (the
+last size wins), is accepted and printed as MLIR prints it; ``t.problems()``
+names it, and requant's verifier refuses it on a value of a model.
 """
 
 from __future__ import annotations
@@ -71,11 +75,18 @@ def _zero_point_error(zp: int, storage: StorageType) -> QuantTypeError:
     return QuantTypeError(f"zero point {zp} out of storage type {storage} range [{storage.min}, {storage.max}]")
 
 
-def _zero_point(value: object, storage: StorageType) -> int:
+def _zero_point(value: object) -> int:
+    """A zero point as MLIR holds one: any int64 (one outside the storage type is for ``problems()``)."""
     zp = _int("zero point", value)
-    if not storage.min <= zp <= storage.max:
-        raise _zero_point_error(zp, storage)
+    if not -(2**63) <= zp < 2**63:
+        raise QuantTypeError(f"zero point {zp} does not fit in 64 bits")
     return zp
+
+
+def _outside(zero_points: Iterable[int], storage: StorageType) -> list[str]:
+    """The problem of the first zero point outside ``storage``'s range, if any (``problems()``)."""
+    bad = next((z for z in zero_points if not storage.min <= z <= storage.max), None)
+    return [] if bad is None else [str(_zero_point_error(bad, storage))]
 
 
 def _array(values: object, what: str, integer: bool) -> npt.NDArray[Any]:
@@ -107,16 +118,21 @@ def _scale_array(values: object, fmt: FloatFormat) -> npt.NDArray[np.float64]:
     return scales
 
 
-def _zero_point_array(values: object, storage: StorageType, shape: tuple[int, ...]) -> npt.NDArray[np.int64]:
+def _zero_point_array(
+    values: object, storage: StorageType, shape: tuple[int, ...], in_range: bool = True
+) -> npt.NDArray[np.int64]:
+    """``in_range``: refuse zero points outside the storage type (sub-channel types, on which MLIR
+    aborts); per-axis ones are MLIR's to accept (``problems()`` names them)."""
     if values is None:
         return np.zeros(shape, dtype=np.int64)
     zps = _array(values, "zero points", integer=True)
     if zps.shape != shape:
         raise QuantTypeError(f"shape of scales and zeroPoints ({list(shape)} vs {list(zps.shape)}) does not match")
-    bad = np.flatnonzero((zps < storage.min) | (zps > storage.max))
-    if bad.size:
-        raise _zero_point_error(int(zps.flat[bad[0]]), storage)
-    return zps.astype(np.int64)
+    if in_range:
+        bad = np.flatnonzero((zps < storage.min) | (zps > storage.max))
+        if bad.size:
+            raise _zero_point_error(int(zps.flat[bad[0]]), storage)
+    return np.array([_zero_point(z) for z in zps.flat], dtype=np.int64).reshape(zps.shape)
 
 
 def _bounds(storage: StorageType, lo: object, hi: object) -> tuple[int, int]:
@@ -154,6 +170,10 @@ class QuantizedType:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self)!r})"
+
+    def problems(self) -> list[str]:
+        """Why no target can store values of this type although MLIR accepts it (empty: none)."""
+        return []
 
 
 class _StoredType(QuantizedType):
@@ -232,10 +252,13 @@ class UniformQuantizedType(_UniformBase):
     ) -> None:
         self._init_storage(storage, storage_min, storage_max)
         fmt = expressed_format(expressed)
-        self._set(_fmt=fmt, scale=_scale(scale, fmt), zero_point=_zero_point(zero_point, self._storage))
+        self._set(_fmt=fmt, scale=_scale(scale, fmt), zero_point=_zero_point(zero_point))
 
     def _key(self) -> tuple[object, ...]:
         return (self._storage, self.storage_min, self.storage_max, self.expressed, self.scale, self.zero_point)
+
+    def problems(self) -> list[str]:
+        return _outside([self.zero_point], self._storage)
 
     def __str__(self) -> str:
         zp = f":{self.zero_point}" if self.zero_point else ""
@@ -273,7 +296,7 @@ class UniformQuantizedPerAxisType(_UniformBase):
             count = _array(zero_points, "zero points", integer=True).size
             if count != scale_array.size:
                 raise QuantTypeError(f"illegal number of scales and zeroPoints: {scale_array.size}, {count}")
-        zp_array = _zero_point_array(zero_points, self._storage, scale_array.shape)
+        zp_array = _zero_point_array(zero_points, self._storage, scale_array.shape, in_range=False)
         scale_list: list[float] = scale_array.tolist()
         zp_list: list[int] = zp_array.tolist()
         self._set(_fmt=fmt, axis=dim, scales=tuple(scale_list), zero_points=tuple(zp_list))
@@ -288,6 +311,9 @@ class UniformQuantizedPerAxisType(_UniformBase):
             self.scales,
             self.zero_points,
         )
+
+    def problems(self) -> list[str]:
+        return _outside(self.zero_points, self._storage)
 
     def __str__(self) -> str:
         try:  # printed more than once (annotation text, report): each scale costs a few microseconds
@@ -337,9 +363,7 @@ class UniformQuantizedSubChannelType(_UniformBase):
                 raise QuantTypeError(f"illegal quantized dimension: {axis}")
             if size <= 0:
                 raise QuantTypeError(f"illegal block size: {size}")
-            if any(axis == seen for seen, _ in blocks):
-                raise QuantTypeError(f"quantized dimension {axis} has more than one block size")
-            blocks.append((axis, size))
+            blocks.append((axis, size))  # a repeated axis: MLIR keeps both, the last size counts
         scale_array = round_array_to_format(_scale_array(scales, fmt), fmt)
         zp_array = _zero_point_array(zero_points, self._storage, scale_array.shape)
         for axis, _ in blocks:
@@ -353,8 +377,14 @@ class UniformQuantizedSubChannelType(_UniformBase):
 
     @property
     def block_size_map(self) -> dict[int, int]:
-        """Block sizes as a dict axis -> size (insertion order is the written order)."""
+        """Block sizes as a dict axis -> size (insertion order is the written order; an axis given
+        twice has its last size, as in MLIR)."""
         return dict(self.block_sizes)
+
+    def problems(self) -> list[str]:
+        axes = [axis for axis, _ in self.block_sizes]
+        twice = next((a for i, a in enumerate(axes) if a in axes[:i]), None)
+        return [] if twice is None else [f"quantized dimension {twice} has more than one block size"]
 
     def _key(self) -> tuple[object, ...]:
         return (

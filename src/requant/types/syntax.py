@@ -199,7 +199,10 @@ class Parser:
             self.fail(f"invalid kind of type specified: expected a floating-point type, got '{name}'", at)
         return fmt
 
-    def scale_zero(self, fmt: FloatFormat, storage: StorageType) -> tuple[float, int]:
+    def scale_zero(self, fmt: FloatFormat, storage: StorageType, in_range: bool = False) -> tuple[float, int]:
+        """``scale[:zero_point]``; ``in_range``: the zero point must fit the storage type (a sub-channel
+        type's: MLIR aborts on one outside ``[0, 2**bits - 1]``; others are MLIR's to accept and the
+        type's ``problems()`` to name)."""
         scale, at = self.floating()
         lo, hi = fmt.scale_range
         if not lo <= scale <= hi:
@@ -212,7 +215,7 @@ class Parser:
         self.skip()
         at = self.pos
         zero_point = self.integer()
-        if not storage.min <= zero_point <= storage.max:
+        if in_range and not storage.min <= zero_point <= storage.max:
             self.fail(f"zero point {zero_point} out of storage type {storage} range [{storage.min}, {storage.max}]", at)
         return scale, zero_point
 
@@ -228,7 +231,7 @@ class Parser:
             if self.accept("{"):
                 dims = self.dense(fmt, storage, scales, zps, depth + 1)
             else:
-                scale, zp = self.scale_zero(fmt, storage)
+                scale, zp = self.scale_zero(fmt, storage, in_range=True)
                 scales.append(scale)
                 zps.append(zp)
                 dims = []
