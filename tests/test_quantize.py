@@ -732,6 +732,30 @@ def test_method_auto_keeps_the_method_whose_output_is_closest_to_float() -> None
     assert ir.to_proto(auto.model).SerializeToString() == ir.to_proto(alone.model).SerializeToString()
 
 
+def test_the_default_method_is_auto_unless_a_config_names_observers() -> None:
+    """With the presets (or a config naming no observer but plain minmax) requant chooses the method;
+    a config's own observer, with its options, is kept; an explicit method replaces it, options and all."""
+    import dataclasses
+
+    from requant.ir.requests import QuantizationSpec
+    from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
+
+    default = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
+    assert default.report["method_choice"]["chosen"] in requant.api.AUTO_METHODS
+    spec = QuantizationSpec("uint8", observer="percentile", observer_options={"percentile": 99.0})
+    config = dataclasses.replace(INT8_PER_CHANNEL_WEIGHTS, output_activation=spec)
+    mine = Quantizer().set_global_by_model().set_node_name("node_conv2d", config)
+    assert mine.names_observers() and not Quantizer().set_global_by_model().names_observers()
+    kept = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", quantizer=mine, measure=False)
+    observers = {c["value"]: c["observer"] for c in kept.report["calibrated"] if c["kind"] == "activation"}
+    assert "method_choice" not in kept.report and observers["relu"] == "percentile"
+    forced = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", quantizer=mine, method="minmax", measure=False
+    )  # fmt: skip (the percentile option once made this a RequestError)
+    observers = {c["value"]: c["observer"] for c in forced.report["calibrated"] if c["kind"] == "activation"}
+    assert set(observers.values()) == {"minmax"}
+
+
 def test_on_a_vnni_cpu_the_summary_points_to_the_vnni_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """The model never depends on the CPU quantizing it; the advice does: where pairs were re-encoded
     and this CPU has VNNI, the summary names the target whose full-range weights are exact there."""

@@ -102,7 +102,9 @@ class _Fanout(Observer):
 def _activation_spec(value: ir.Value, requested: QuantizationSpec, method: str | None) -> QuantizationSpec:
     """The spec an activation is observed with: ``method``'s observer, except at the model's own inputs
     and outputs, observed over their whole range (minmax) whatever the method."""
-    spec = dataclasses.replace(requested, observer=method) if method is not None else requested
+    spec = requested
+    if method is not None and method != requested.observer:  # the config's options were its observer's
+        spec = dataclasses.replace(requested, observer=method, observer_options={})
     if (value.is_graph_output() or value.is_graph_input()) and spec.observer != "minmax":
         spec = dataclasses.replace(spec, observer="minmax", observer_options={})
     return spec

@@ -40,7 +40,9 @@ def register(commands: Any) -> None:
         "see docs/targets.md)",
     )
     sub.add_argument(
-        "--method", help="activation calibration method: minmax (default), mean_minmax, auto, percentile, entropy, mse"
+        "--method",
+        help="activation calibration method: auto (the default unless a --config names observers: tries minmax "
+        "and mean_minmax, keeps the closer to float), minmax, mean_minmax, percentile, entropy, mse",
     )
     sub.add_argument(
         "--preset",

@@ -190,6 +190,20 @@ class Quantizer:
             other.set_node_name(name, FLOAT_KERNEL)
         return other
 
+    def names_observers(self) -> bool:
+        """Whether this quantizer's configs ask for an activation observer other than the presets'
+        plain ``minmax`` (or it has quantizers of the user's own, whose requests are not known before
+        they run): ``quantize``'s default method then keeps them instead of choosing one itself."""
+        patterns = [q for q in (*self._added, self._global) if q is not None]
+        if any(not isinstance(q, PatternQuantizer) for q in patterns):
+            return True
+        for q in patterns:
+            assert isinstance(q, PatternQuantizer)
+            for spec in (q.config.input_activation, q.config.output_activation):
+                if isinstance(spec, QuantizationSpec) and (spec.observer != "minmax" or spec.observer_options):
+                    return True
+        return False
+
     def add_quantizer(self, quantizer: AnnotatingQuantizer) -> Quantizer:
         self._added.append(quantizer)
         return self
