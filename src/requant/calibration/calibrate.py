@@ -31,7 +31,7 @@ class Calibrated:
     """Which type a value got, and how."""
 
     value: str
-    type: UniformType  # printed when the report is written (a per-channel type's text takes ~15 us a scale)
+    type: UniformType  # printed when the report is written (a per-channel type's text takes ~10 us a scale)
     observer: str
     kind: str  # "weight" or "activation"
     seen: dict[str, Any] | None = None  # what calibration observed (activations): range, histogram
@@ -145,8 +145,8 @@ def calibrate(
             t = cache.weights.get(key) if cache is not None else None
             if t is None:
                 t = weight_type(value.const_value.numpy(), r, expressed, str(value.name))
-            if cache is not None:  # the same object: its text is printed once
-                cache.weights[key] = t
+                if cache is not None:  # the next candidate gets the same object: its text is printed once
+                    cache.weights[key] = t
             set_quant_type(value, t)
             records.append(Calibrated(str(value.name), t, "minmax", "weight"))
             continue

@@ -194,11 +194,11 @@ class Quantizer:
         """Whether this quantizer's configs ask for an activation observer other than the presets'
         plain ``minmax`` (or it has quantizers of the user's own, whose requests are not known before
         they run): ``quantize``'s default method then keeps them instead of choosing one itself."""
-        patterns = [q for q in (*self._added, self._global) if q is not None]
-        if any(not isinstance(q, PatternQuantizer) for q in patterns):
-            return True
-        for q in patterns:
-            assert isinstance(q, PatternQuantizer)
+        for q in (*self._added, self._global):
+            if q is None:
+                continue
+            if not isinstance(q, PatternQuantizer):
+                return True
             for spec in (q.config.input_activation, q.config.output_activation):
                 if isinstance(spec, QuantizationSpec) and (spec.observer != "minmax" or spec.observer_options):
                     return True

@@ -132,7 +132,9 @@ def _zero_point_array(
         bad = np.flatnonzero((zps < storage.min) | (zps > storage.max))
         if bad.size:
             raise _zero_point_error(int(zps.flat[bad[0]]), storage)
-    return np.array([_zero_point(z) for z in zps.flat], dtype=np.int64).reshape(zps.shape)
+    elif zps.dtype == np.uint64 and (zps >= 2**63).any():  # (other integer arrays fit in int64)
+        _zero_point(int(zps.max()))  # raises, as for one zero point
+    return zps.astype(np.int64)
 
 
 def _bounds(storage: StorageType, lo: object, hi: object) -> tuple[int, int]:
