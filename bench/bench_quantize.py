@@ -34,7 +34,14 @@ draws offline (4 characters, 160x60, resized to 64 high, grey, in [0, 1]). Its q
 agreement of greedy CTC decodings with the float model's, and the accuracy against the drawn text;
 ONNX Runtime gets ``quantize_dynamic`` too (what ddddocr ships: ``DynamicQuantizeLSTM``).
 
-    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn]
+"det" is a real object detector: ddddocr 1.6.1's ``common_det.onnx`` (a YOLOX-style network at
+416x416: a Focus stem of strided Slices, 83 convs each followed by SiLU, CSP blocks with residual
+sums, SPP max pools, a PAN neck with nearest upsampling), on photos with letters drawn on them,
+letterboxed as ddddocr does (BGR, 0-255, padded with 114). Its quality is the agreement of the
+detections with the float model's (F1 of boxes matched at IoU >= 0.5, after ddddocr's own decoding,
+score threshold and NMS) and the SQNR of the raw outputs.
+
+    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn,det]
                                              [--calib 200] [--eval 300] [--rounds 40] [--json FILE]
 """
 
@@ -162,7 +169,9 @@ def ddddocr_file(name: str) -> Path:
 
     spec = importlib.util.find_spec("ddddocr")
     if spec is None or spec.origin is None:
-        raise SystemExit("crnn needs ddddocr: pip install --no-deps -r requirements/bench-models.txt (make bench)")
+        raise SystemExit(
+            "crnn and det need ddddocr: pip install --no-deps -r requirements/bench-models.txt (make bench)"
+        )
     return Path(spec.origin).parent / name
 
 
@@ -184,6 +193,82 @@ def ddddocr_charset() -> list[str]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CHARSET_BETA":
             return list(ast.literal_eval(node.value))
     raise SystemExit("ddddocr's charsets.py has no CHARSET_BETA")
+
+
+def detector_images(count: int, seed: int) -> np.ndarray:
+    """Click-captcha-like photos for ddddocr's detector, the same every run: a crop of a bench photo
+    with 3-5 letters drawn on it (the ``captcha`` package's fonts), letterboxed to 416x416 as
+    ddddocr's ``preproc`` does (BGR, 0-255, padded with 114): ``[count, 1, 3, 416, 416]``."""
+    import captcha
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    pictures = [Image.fromarray(p) for p in photos()]
+    fonts = sorted((Path(captcha.__file__).parent / "data").glob("*.ttf"))
+    out = []
+    for _ in range(count):
+        picture = pictures[rng.integers(len(pictures))]
+        w, h = int(rng.integers(240, 400)), int(rng.integers(120, 240))
+        left, top = rng.integers(0, max(1, picture.width - w)), rng.integers(0, max(1, picture.height - h))
+        image = picture.crop((left, top, left + w, top + h)).convert("RGB")
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(3, 6))):
+            font = ImageFont.truetype(str(fonts[rng.integers(len(fonts))]), int(rng.integers(24, 44)))
+            colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+            at = (int(rng.integers(0, w - 40)), int(rng.integers(0, h - 44)))
+            draw.text(at, chr(int(rng.integers(65, 91))), font=font, fill=colour)
+        bgr = np.asarray(image)[..., ::-1]
+        ratio = min(416 / bgr.shape[0], 416 / bgr.shape[1])
+        size = (int(bgr.shape[1] * ratio), int(bgr.shape[0] * ratio))
+        resized = np.asarray(Image.fromarray(np.ascontiguousarray(bgr)).resize(size, Image.Resampling.BILINEAR))
+        padded = np.full((416, 416, 3), 114, np.uint8)
+        padded[: resized.shape[0], : resized.shape[1]] = resized
+        out.append(padded.transpose(2, 0, 1).astype(np.float32)[None, None])
+    return np.concatenate(out)
+
+
+def detections(output: np.ndarray) -> np.ndarray:
+    """ddddocr's decoding of one ``[3549, 6]`` output of its detector: grid offsets and strides, class
+    scores above 0.1, class-agnostic NMS at IoU 0.45; boxes ``[n, 4]`` (x1, y1, x2, y2)."""
+    rows = output.reshape(-1, 6).astype(np.float64)
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        side = 416 // stride
+        xs, ys = np.meshgrid(np.arange(side), np.arange(side))
+        grids.append(np.stack((xs, ys), 2).reshape(-1, 2))
+        strides.append(np.full((side * side, 1), stride))
+    grid, stride_ = np.concatenate(grids), np.concatenate(strides)
+    centre, size = (rows[:, :2] + grid) * stride_, np.exp(rows[:, 2:4]) * stride_
+    scores = (rows[:, 4:5] * rows[:, 5:]).max(1)
+    keep = scores > 0.1
+    boxes = np.concatenate([centre - size / 2, centre + size / 2], 1)[keep]
+    order, kept = scores[keep].argsort()[::-1], []
+    while order.size:
+        kept.append(order[0])
+        order = order[1:][_iou(boxes[order[0]], boxes[order[1:]]) <= 0.45]
+    return boxes[kept]
+
+
+def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    low, high = np.maximum(box[:2], boxes[:, :2]), np.minimum(box[2:], boxes[:, 2:])
+    inter = np.prod(np.clip(high - low, 0, None), axis=1)
+    return inter / (np.prod(box[2:] - box[:2]) + np.prod(boxes[:, 2:] - boxes[:, :2], axis=1) - inter + 1e-9)
+
+
+def detection_f1(reference: np.ndarray, got: np.ndarray) -> float:
+    """F1 of ``got``'s boxes against ``reference``'s, each matched at most once at IoU >= 0.5."""
+    if not len(reference) and not len(got):
+        return 1.0
+    free, matched = list(range(len(got))), 0
+    for box in reference:
+        if not free:
+            break
+        ious = _iou(box, got[free])
+        best = int(np.argmax(ious))
+        if ious[best] >= 0.5:
+            matched += 1
+            free.pop(best)
+    return 2 * matched / (len(reference) + len(got))
 
 
 # ----------------------------------------------------------------------------- models
@@ -213,6 +298,10 @@ def export(
         images, texts = captchas(calib + evaluation, seed=0)
         samples = [{"input1": image} for image in images]
         return ddddocr_file("common.onnx"), samples[:calib], samples[calib:], np.array(texts[calib:])
+    if name == "det":
+        images = detector_images(calib + evaluation, seed=0)
+        samples = [{"images": image} for image in images]
+        return ddddocr_file("common_det.onnx"), samples[:calib], samples[calib:], None
     if name == "minilm":
         from tests.models.minilm import make_minilm, tokenize
 
@@ -350,6 +439,14 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
     if name == "minilm":
         cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
         return {"cosine": float(cos.mean())}
+    if name == "det":
+        f1 = np.mean([detection_f1(detections(a), detections(b)) for a, b in zip(f, q, strict=True)])
+        sqnr = 10 * np.log10(np.sum(f**2) / np.sum((f - q) ** 2))
+        return {
+            "detection_f1": float(f1),
+            "sqnr_db": float(sqnr),
+            "boxes": float(np.mean([len(detections(a)) for a in f])),
+        }
     out = {"top1_agreement": float(np.mean(f.argmax(1) == q.argmax(1)))}
     top5f, top5q = np.argsort(-f, 1)[:, :5], np.argsort(-q, 1)[:, :5]
     out["top5_overlap"] = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top5f, top5q, strict=True)]))
@@ -491,7 +588,9 @@ def _latency_of(result: dict[str, Any], tool: str, method: str) -> float | None:
 
 
 def report(name: str, result: dict[str, Any]) -> None:
-    metric = {"minilm": "cosine", "digits": "accuracy", "crnn": "sequence_agreement"}.get(name, "top1_agreement")
+    metric = {"minilm": "cosine", "digits": "accuracy", "crnn": "sequence_agreement", "det": "detection_f1"}.get(
+        name, "top1_agreement"
+    )
     print(
         f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms "
         f"(as exported: {result['exported_float_latency_ms']:.2f} ms)"
@@ -514,6 +613,8 @@ def report(name: str, result: dict[str, Any]) -> None:
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
         if name == "crnn":  # accuracy against the drawn text / cosine
             extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
+        if name == "det":  # SQNR of the raw outputs
+            extra = f"{r['sqnr_db']:.1f} dB"
         ratios = " ".join(f"{r['latency_ms'] / v:>7.2f}" if v else f"{'':>7}" for v in peers.values())
         print(
             f"  {r['tool']:<12} {r['method']:<15} {r[metric]:>14.4f} {extra:>14} "

@@ -211,3 +211,38 @@ def test_the_shift_and_sqnr_are_those_of_every_row_and_position() -> None:
         kernel["max_shift"], shift.max(), rtol=1e-3
     )
     assert np.isclose(kernel["sqnr_db"], sqnr, atol=0.01)
+
+
+def test_a_pass_started_from_an_earlier_ones_sums_runs_only_the_samples_after() -> None:
+    """method="auto" corrects the chosen candidate starting from what its sketch measured on the first
+    samples: the same biases, bit for bit, as one pass from the start, and only the rest is run."""
+    from requant.api import _stage, calibrate, prepare
+    from requant.calibration.bias_correction import BiasSums, correct_biases
+    from requant.targets.registry import get_target
+
+    model, _ = prepare(DIGITS / "digits_cnn.onnx")
+    calibrate(model, DIGITS / "calib.npz")
+    staged = _stage(model, get_target("onnxruntime-cpu"), True)
+    with np.load(DIGITS / "calib.npz") as npz:
+        key = npz.files[0]
+        samples = [{key: npz[key][i : i + 1]} for i in range(20)]
+
+    def biases(m: ir.Model) -> dict[str, bytes]:
+        return {t.name: t.SerializeToString() for t in ir.to_proto(m).graph.initializer if t.data_type == 6}
+
+    whole = staged.model.clone()
+    expected = correct_biases(whole, staged.floats, samples, 20)
+    sums = BiasSums()
+    correct_biases(staged.model.clone(), staged.floats, samples, 8, sums=sums)
+    assert sums.samples == 8 and len(sums.sums) == 3
+    runs: list[int] = []
+    resumed = staged.model.clone()
+    got = correct_biases(resumed, staged.floats, samples, 20, lambda done, elapsed: runs.append(done), sums=sums)
+    assert max(runs) == 12 and sums.samples == 20  # samples 9 to 20 only
+    assert biases(resumed) == biases(whole) and biases(whole) != biases(staged.model)
+    assert [k.__dict__ for k in got] == [k.__dict__ for k in expected]
+    # sums of another model (here: none of its kernels) are not a start: a pass from the beginning
+    other = BiasSums(8, {"elsewhere": sums.sums[next(iter(sums.sums))]})
+    again = staged.model.clone()
+    correct_biases(again, staged.floats, samples, 20, sums=other)
+    assert biases(again) == biases(whole) and other.samples == 20

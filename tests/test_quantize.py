@@ -140,11 +140,39 @@ def test_bad_calibration_data_fails_cleanly(tmp_path: Path, arrays: dict[str, np
     assert model.read_bytes() == before
 
 
-def test_constant_inputs_quantize_without_a_zero_scale() -> None:
-    # every sample identical and constant: a degenerate range still gives a valid model
+def test_a_constant_input_is_an_error_naming_it() -> None:
+    """Calibration data that holds one value (blank or unloaded images) would give the input a range of
+    one point, onto which every real input rounds: refused, naming the input."""
     data = {"x": np.full((3, 1, 8, 8), 0.5, np.float32)}
-    result = requant.api.quantize(DIGITS / "digits_cnn.onnx", data)
-    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 2
+    with pytest.raises(CalibrationError, match="calibration input 'x' holds one value \\(0.5\\) in every one of its 3"):
+        requant.api.quantize(DIGITS / "digits_cnn.onnx", data)
+
+
+def test_a_constant_tensor_inside_the_model_quantizes_without_a_zero_scale() -> None:
+    """A dead ReLU (its input never positive) is a constant tensor: its degenerate range still gives a
+    valid model, which computes what the float one does."""
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4,6,6] x) => (float[N,8,6,6] y) '
+        "{ c = Conv(x, w, b) r = Relu(c) y = Conv(r, w2, b2) }"
+    )
+    weights = {
+        "w": rng.standard_normal((8, 4, 1, 1)), "b": np.full(8, -100.0),  # never above 0 on inputs in [0, 1]
+        "w2": rng.standard_normal((8, 8, 1, 1)), "b2": rng.standard_normal(8),
+    }  # fmt: skip
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items())
+    data = [{"x": rng.uniform(0, 1, (1, 4, 6, 6)).astype(np.float32)} for _ in range(8)]
+    result = requant.api.quantize(proto, data, measure=False)
+    (dead,) = (t for t in result.report["calibrated"] if t["value"] == "r")
+    assert dead["seen"]["observed"] == [0.0, 0.0] and "0.000000e+00" not in dead["type"]
+    session = ort.InferenceSession(ir.to_proto(result.model).SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, data[0])
+    assert np.allclose(y, np.broadcast_to(weights["b2"].astype(np.float32)[None, :, None, None], y.shape), atol=0.05)
 
 
 def test_samples_may_differ_in_symbolic_dimensions() -> None:

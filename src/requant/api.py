@@ -30,6 +30,7 @@ from requant.backends.tosa_reference import run_tosa
 from requant.calibration.bias_correction import (
     DEFAULT_SAMPLES,
     BiasCorrection,
+    BiasSums,
     correct_biases,
     float_parameters,
     samples_for,
@@ -226,24 +227,28 @@ def _finish(
     bias_samples: int = DEFAULT_SAMPLES,
     progress: Progress | None = None,
     correct: bool = True,
+    sums: BiasSums | None = None,
 ) -> _Converted:
+    """``sums``: what a sketch of ``staged`` measured, for bias correction to start from."""
     model = staged.model
     kernels = []
     if bias_data is not None:
-        kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct)
+        kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct, sums)
     finish_qdq(model)
     proto = ir.serde.serialize_model(model)
     return _Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels)
 
 
-def _sketch(staged: _Staged, bias_data: Any, correct: bool) -> onnx.ModelProto:
+def _sketch(staged: _Staged, bias_data: Any, correct: bool) -> tuple[onnx.ModelProto, BiasSums]:
     """``staged`` finished on a copy with biases corrected on only ``SKETCH_SAMPLES`` samples, serialized
-    (``staged`` itself is untouched): a cheaper stand-in for comparing candidates."""
+    (``staged`` itself is untouched): a cheaper stand-in for comparing candidates; and what its bias
+    correction summed, which finishing ``staged`` starts from."""
     copy = staged.model.clone()
+    sums = BiasSums()
     if bias_data is not None:
-        correct_biases(copy, staged.floats, bias_data, SKETCH_SAMPLES, lambda done, elapsed: None, correct)
+        correct_biases(copy, staged.floats, bias_data, SKETCH_SAMPLES, lambda done, elapsed: None, correct, sums)
     finish_qdq(copy)
-    return ir.serde.serialize_model(copy)
+    return ir.serde.serialize_model(copy), sums
 
 
 @dataclass
@@ -360,7 +365,8 @@ def _run_auto(
     """``_run`` with each of ``AUTO_METHODS``: the model prepared once and calibrated in one pass over
     the data for all; the candidates are compared with their biases corrected on a few samples
     (scoring them uncorrected chose worse on the CRNN of the bench), and only the chosen one's are
-    corrected on all: the same model as ``method=<chosen>`` gives."""
+    corrected on all, starting from the sums of its sketch: the same model as ``method=<chosen>``
+    gives."""
     smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
     prepared, quantizer_report, float_info, smoothed = _prepare(
         model, quantizer, target.name, strict, True, smooth, **load_options
@@ -375,10 +381,10 @@ def _run_auto(
         chosen[candidate] = calibrate(copy, data, candidate, progress or terminal_progress(), cache, also)
         staged[candidate] = _stage(copy, target, measure_kernels, memo)
     kernel_data = data if measure_kernels else None
-    protos = {m: _sketch(s, kernel_data, correct) for m, s in staged.items()}
-    method, choice = _choose_method(protos, float_info[0], prepared, data)
+    sketches = {m: _sketch(s, kernel_data, correct) for m, s in staged.items()}
+    method, choice = _choose_method({m: proto for m, (proto, _) in sketches.items()}, float_info[0], prepared, data)
     converted = _finish(staged[method], kernel_data, progress=progress or terminal_progress("measuring kernels"),
-                        correct=correct)  # fmt: skip
+                        correct=correct, sums=sketches[method][1])  # fmt: skip
     return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, smoothed), method, choice
 
 

@@ -228,6 +228,8 @@ DATA: list[tuple[str, Callable[[Path], str], str]] = [
     ("inf", _npz("inf.npz", x=_with(np.inf)), "calibration sample 4: input 'x' has 1 infinite value(s)"),
     ("-inf", _npz("ninf.npz", x=_with(-np.inf)), "calibration sample 4: input 'x' has 1 infinite value(s)"),
     ("outlier", _npz("outlier.npz", x=_with(1e30)), "calibration sample 4: input 'x' reaches 1e+30"),
+    ("constant", _npz("zeros.npz", x=np.zeros_like(_good())),
+     "calibration input 'x' holds one value (0) in every one of its 8 samples: its quantization range would be that one point"),
     ("beyond float32", _npz("huge.npz", x=_with(1e300, dtype=np.float64)),
      "calibration sample 4: input 'x' holds 1e+300, beyond float32's range (3.4e+38): it would become infinite"),
 ]  # fmt: skip

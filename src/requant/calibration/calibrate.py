@@ -114,6 +114,21 @@ def _new_observer(spec: QuantizationSpec) -> Observer:
     return MinMaxObserver(spec.axis) if spec.granularity != "per_tensor" else make_observer(spec)
 
 
+def _check_not_constant(value: ir.Value, observer: Observer, count: int) -> None:
+    """A model input that holds one value in every calibration sample (blank or unloaded images, a
+    placeholder array) gives its quantization a range of one point, onto which every real input
+    would round: an error naming it. (A constant tensor inside the model is fine: a dead channel.)"""
+    shown = observer.seen() if value.is_graph_input() else None
+    if shown is None or shown["observed"][0] != shown["observed"][1]:
+        return
+    samples = f"every one of its {count} samples" if count > 1 else "its only sample"
+    raise CalibrationError(
+        f"calibration input '{value.name}' holds one value ({shown['observed'][0]:g}) in {samples}: its "
+        "quantization range would be that one point, and every real input would round onto it (blank or "
+        "unloaded images?): give samples of real inputs"
+    )
+
+
 def calibrate(
     model: ir.Model,
     data: Any,
@@ -168,6 +183,7 @@ def calibrate(
         cache.observers.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})
         cache.samples = count
     for name, (value, spec, observer) in pending.items():
+        _check_not_constant(value, observer, count)
         try:
             t = observer.compute(spec, element_name(value.dtype) or "f32")
         except (CalibrationError, QuantTypeError) as exc:
