@@ -6,6 +6,8 @@
 ``NON_DATA_INPUTS``: inputs that are parameters (shapes, axes, bounds), never quantized.
 ``DATA_MOVEMENT``: ops that move or select values without computing new ones: their output can
 share the quantization parameters of their data input(s).
+``LAYOUT_ONLY``: data-movement ops each of whose output elements is one of their input elements,
+unchanged (no max, no padding, no interpolation): a tree of them moves integers as well as floats.
 ``ELEMENTWISE_BINARY``: ops with two activation inputs.
 """
 
@@ -16,6 +18,7 @@ import onnx_ir as ir
 __all__ = [
     "DATA_MOVEMENT",
     "ELEMENTWISE_BINARY",
+    "LAYOUT_ONLY",
     "MORE_WEIGHTS",
     "NON_DATA_INPUTS",
     "WEIGHTED",
@@ -74,6 +77,11 @@ DATA_MOVEMENT: dict[str, tuple[int, ...] | str] = {
     "DepthToSpace": (0,),
     "SpaceToDepth": (0,),
 }
+
+LAYOUT_ONLY = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice"}
+    | {"DepthToSpace", "SpaceToDepth"}
+)
 
 ELEMENTWISE_BINARY = frozenset({"Add", "Mul", "Sub", "Div"})
 
