@@ -113,6 +113,16 @@ def _external(key: str, value: str) -> Callable[[onnx.ModelProto], None]:
     return edit
 
 
+def _weight_value(value: float) -> Callable[[onnx.ModelProto], None]:
+    def edit(model: onnx.ModelProto) -> None:
+        weight = next(t for t in model.graph.initializer if len(t.dims) == 4)
+        array = onnx.numpy_helper.to_array(weight).copy()
+        array.flat[3] = value
+        weight.CopyFrom(onnx.numpy_helper.from_array(array, weight.name))
+
+    return edit
+
+
 def _drop_external(path: Path) -> None:
     _edited(lambda m: None, external=True)(path)
     (path.parent / (path.name + ".data")).unlink()
@@ -136,12 +146,22 @@ MODELS: list[tuple[str, Callable[[Path], None] | bytes, str]] = [
     ("parent.onnx", _edited(_external("location", "../w.bin"), external=True), "keeps its data at '../w.bin', outside"),
     ("offset.onnx", _edited(_external("offset", "ten"), external=True), "non-numeric external-data offset or length ('ten'"),
     ("short.onnx", _edited(_external("length", "999999999"), external=True), "needs bytes up to 999999999 of 'short.onnx.data', which has only 40488"),
+
+]  # fmt: skip
+
+
+# bad for quantizing only: opt and lint take such a model as it is
+QUANTIZE_MODELS: list[tuple[str, Callable[[Path], None] | bytes, str]] = [
+    ("nanweight.onnx", _edited(_weight_value(float("nan"))),
+     "weight 'features.0.weight_bn' (read by node 'node_conv2d') holds 1 non-finite value(s), the first NaN at index [0, 0, 1, 0]"),
+    ("infweight.onnx", _edited(_weight_value(float("inf"))),
+     "weight 'features.0.weight_bn' (read by node 'node_conv2d') holds 1 non-finite value(s), the first infinite at index [0, 0, 1, 0]"),
 ]  # fmt: skip
 
 
 def model_cases() -> list[Case]:
     cases = []
-    for name, content, message in MODELS:
+    for name, content, message in MODELS + QUANTIZE_MODELS:
         make = _write(name, content)
 
         def argv(tmp: Path, make: Callable[[Path], str] = make) -> list[str]:

@@ -40,9 +40,21 @@ class Calibrated:
         return {**self.__dict__, "type": str(self.type)}
 
 
-def weight_type(data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str) -> UniformType:
-    """The type for constant ``data`` (min/max over the spec's granularity)."""
+def weight_type(
+    data: npt.NDArray[Any], spec: QuantizationSpec, expressed: str, name: str, reader: str | None = None
+) -> UniformType:
+    """The type for constant ``data`` (min/max over the spec's granularity); ``reader``: the node that
+    reads it, for errors."""
     values = np.asarray(data, dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        what = "NaN" if np.isnan(values[first]) else "infinite"
+        read = f" (read by node '{reader}')" if reader else ""
+        raise CalibrationError(
+            f"weight '{name}'{read} holds {int(bad.sum())} non-finite value(s), the first {what} at index "
+            f"{list(first)}: the float model itself computes NaN or infinity there; fix its weights"
+        )
     flags = spec.range_flags
     try:
         if spec.granularity == "per_tensor":
@@ -159,7 +171,8 @@ def calibrate(
             key = (id(value.const_value), str(value.name), r)  # clones share their tensors
             t = cache.weights.get(key) if cache is not None else None
             if t is None:
-                t = weight_type(value.const_value.numpy(), r, expressed, str(value.name))
+                reader = next((str(u.node.name) for u in value.uses()), None)
+                t = weight_type(value.const_value.numpy(), r, expressed, str(value.name), reader)
                 if cache is not None:  # the next candidate gets the same object: its text is printed once
                     cache.weights[key] = t
             set_quant_type(value, t)
