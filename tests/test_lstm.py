@@ -141,6 +141,7 @@ def test_auto_takes_the_first_method_without_measuring_when_both_give_the_same_m
         "chosen": "minmax",
         "output_sqnr_db": {},
         "samples": 0,
+        "held_out": 0,
         "why": "the candidates are the same model",
     }
     assert "method: auto -> minmax (the candidates are the same model)" in quantized.report["summary"]

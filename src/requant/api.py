@@ -36,7 +36,7 @@ from requant.calibration.bias_correction import (
     samples_for,
 )
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
-from requant.calibration.data import Replayed, check_exists, iter_samples, read_labels
+from requant.calibration.data import HeldOut, Replayed, check_exists, iter_samples, read_labels
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -376,34 +376,43 @@ def _run_auto(
     chosen: dict[str, list[Any]] = {}
     staged: dict[str, _Staged] = {}
     memo: EncodingMemo = {}  # the candidates' weights are the same: encoded once
+    # the candidates are compared on samples they are not calibrated on (fewer for large inputs)
+    held = HeldOut(data, lambda values: samples_for(values, CHOICE_SAMPLES))
     for candidate, copy in zip(AUTO_METHODS, copies, strict=True):
         also = AUTO_METHODS[1:] if not chosen else ()  # one pass over the data for all
-        chosen[candidate] = calibrate(copy, data, candidate, progress or terminal_progress(), cache, also)
+        chosen[candidate] = calibrate(copy, held, candidate, progress or terminal_progress(), cache, also)
         staged[candidate] = _stage(copy, target, measure_kernels, memo)
     kernel_data = data if measure_kernels else None
     sketches = {m: _sketch(s, kernel_data, correct) for m, s in staged.items()}
-    method, choice = _choose_method({m: proto for m, (proto, _) in sketches.items()}, float_info[0], prepared, data)
+    protos = {m: proto for m, (proto, _) in sketches.items()}
+    method, choice = _choose_method(protos, float_info[0], prepared, data, held.skipped)
     converted = _finish(staged[method], kernel_data, progress=progress or terminal_progress("measuring kernels"),
                         correct=correct, sums=sketches[method][1])  # fmt: skip
     return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, smoothed), method, choice
 
 
 def _choose_method(
-    protos: Mapping[str, onnx.ModelProto], float_proto: onnx.ModelProto, model: ir.Model, calibration_data: Any
+    protos: Mapping[str, onnx.ModelProto],
+    float_proto: onnx.ModelProto,
+    model: ir.Model,
+    calibration_data: Any,
+    held_out: int = 0,
 ) -> tuple[str, dict[str, Any]]:
     """The method whose model's first output is closest to float (SQNR) on the first calibration
-    samples (fewer for large inputs, as bias correction measures), and the record of the choice."""
+    samples: the ``held_out`` ones the candidates were not calibrated on, or as many of them (fewer for
+    large inputs, as bias correction measures) when the data set was too small to hold any out; and
+    the record of the choice."""
     if len({p.SerializeToString() for p in protos.values()}) == 1:  # e.g. no activation quantized
         chosen, why = next(iter(protos)), "the candidates are the same model"
-        return chosen, {"chosen": chosen, "output_sqnr_db": {}, "samples": 0, "why": why}
+        return chosen, {"chosen": chosen, "output_sqnr_db": {}, "samples": 0, "held_out": 0, "why": why}
     stream = iter_samples(model, calibration_data)
     first = next(stream)
-    count = samples_for(sum(int(np.size(a)) for a in first.values()), CHOICE_SAMPLES)
+    count = held_out or samples_for(sum(int(np.size(a)) for a in first.values()), CHOICE_SAMPLES)
     samples = [first, *itertools.islice(stream, count - 1)]
     probe = _Reference(session(float_proto))  # its float outputs computed once, for every candidate
     scores = {m: _agreement(model, probe, session(p), samples)["sqnr_db"] for m, p in protos.items()}
     chosen = max(scores, key=lambda m: (scores[m], -list(scores).index(m)))  # a tie keeps the first
-    return chosen, {"chosen": chosen, "output_sqnr_db": scores, "samples": len(samples)}
+    return chosen, {"chosen": chosen, "output_sqnr_db": scores, "samples": len(samples), "held_out": held_out}
 
 
 def _check_budget(max_drop: Any, metric: Any, eval_data: Any, keep_float_below: Any) -> None:
@@ -795,9 +804,10 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         lines.append(f"method: auto -> {choice['chosen']} ({choice['why']})")
     elif choice:
         scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
+        which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"
         lines.append(
             f"method: auto -> {choice['chosen']} (the output's SQNR against float on {choice['samples']} "
-            f"calibration samples: {scores})"
+            f"{which}: {scores})"
         )
     if report["quantizers"].get("compute"):
         lines.append(f"compute: {report['quantizers']['compute']}")

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import array as pyarray
 import io
+import itertools
 import math
 import os
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -366,12 +367,45 @@ class Replayed:
             yield sample
 
 
+class HeldOut:
+    """``source`` without its first samples, which are held out: as many as ``count(values)`` says for
+    the number of values in the first sample, and none when the source has fewer than twice that
+    (too few left to calibrate on). ``method="auto"`` calibrates its candidates on the rest and
+    compares them on the held-out samples: compared on samples they were calibrated on, ``minmax``
+    (whose range covers each of their extremes) is favoured over a method that clips them.
+
+    ``skipped``: how many the last pass held out. Iterating it (``iter_samples``) reads the source
+    as it is read anyway; at most twice the held-out count of samples is kept in memory at a time."""
+
+    def __init__(self, source: Any, count: Callable[[int], int]) -> None:
+        self.source, self.count = source, count
+        self.skipped = 0
+
+    def samples(self, checked: Iterator[Sample]) -> Iterator[Sample]:
+        first = next(checked, None)
+        if first is None:
+            return
+        wanted = max(1, self.count(sum(int(np.size(a)) for a in first.values())))
+        head = [first, *itertools.islice(checked, wanted - 1)]
+        spare = list(itertools.islice(checked, wanted))
+        self.skipped = wanted if len(spare) == wanted else 0
+        yield from spare if self.skipped else [*head, *spare]
+        yield from checked
+
+
 def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Iterator[Sample]:
     """The checked samples of ``source`` for ``model``; an empty source is an error.
 
     ``what`` names the data in messages ("calibration", "evaluation"). After the last sample,
-    an outlier sample (see the module's docstring) is an error.
+    an outlier sample (see the module's docstring) is an error. A :class:`HeldOut` source gives
+    its samples after the held-out ones (each still checked, and numbered as in the whole source).
     """
+    if isinstance(source, HeldOut):
+        return source.samples(iter_samples(model, source.source, what))
+    return _checked_samples(model, source, what)
+
+
+def _checked_samples(model: ir.Model, source: Any, what: str) -> Iterator[Sample]:
     inputs = model_inputs(model)
     specs = _specs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None

@@ -23,7 +23,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
-from requant.calibration.data import Sample, iter_samples, model_inputs
+from requant.calibration.data import HeldOut, Sample, iter_samples, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
 from requant.ir.queries import graph_values
 from requant.runtime import cpu_session
@@ -141,8 +141,14 @@ def collect(
     groups = _groups(names, _sizes(model, names), memory_budget)
     if len(groups) > 1:
         log.info("observing %d tensors in %d passes to stay within %d MB", len(names), len(groups), memory_budget >> 20)
-        if not isinstance(data, (list, tuple, str, Mapping)) and not hasattr(data, "__fspath__"):
-            data = list(data)
+        held = data if isinstance(data, HeldOut) else None
+        source = held.source if held is not None else data
+        if not isinstance(source, (list, tuple, str, Mapping)) and not hasattr(source, "__fspath__"):
+            source = list(source)  # read once per group
+        if held is not None:
+            held.source = source
+        else:
+            data = source
     count = 0
     for group in groups:
         with _session(model, group, optimize) as session:
