@@ -756,9 +756,9 @@ def test_method_auto_keeps_the_method_whose_output_is_closest_to_float() -> None
     assert any(k["encoding"] == "pair-safe" for k in auto.report["weight_encoding"]["kernels"])
     assert auto.report["bias_correction"]["kernels"][0]["samples"] == 64
     assert choice["chosen"] == max(scores, key=scores.__getitem__) and all(20 < s < 60 for s in scores.values())
-    assert f"method: auto -> {choice['chosen']} (the output's SQNR against float on 32 held-out" in auto.report[
-        "summary"
-    ]
+    assert (
+        f"method: auto -> {choice['chosen']} (the output's SQNR against float on 32 held-out" in auto.report["summary"]
+    )
     with np.load(DIGITS / "calib.npz") as npz:
         rest = {"x": npz["x"][32:]}
     model, _ = prepare(DIGITS / "digits_cnn.onnx")
