@@ -814,3 +814,19 @@ def test_on_a_vnni_cpu_the_summary_points_to_the_vnni_target(monkeypatch: pytest
         assert (
             "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni" in result.report["summary"]
         ) is hinted
+
+
+def test_auto_holds_out_the_first_samples_of_a_generator_too() -> None:
+    """A one-shot iterator is read once, in calibration, which skips the held-out samples; the choice
+    and bias correction replay the first ones: the same model as from a list of the same samples."""
+    import onnx_ir as ir
+
+    with np.load(DIGITS / "calib.npz") as npz:
+        x = npz["x"][:100]
+    listed = requant.api.quantize(DIGITS / "digits_cnn.onnx", [{"x": x[i : i + 1]} for i in range(100)], measure=False)
+    streamed = requant.api.quantize(
+        DIGITS / "digits_cnn.onnx", ({"x": x[i : i + 1]} for i in range(100)), measure=False
+    )  # fmt: skip
+    assert streamed.report["method_choice"] == listed.report["method_choice"]
+    assert listed.report["method_choice"]["held_out"] == 32
+    assert ir.to_proto(streamed.model).SerializeToString() == ir.to_proto(listed.model).SerializeToString()
