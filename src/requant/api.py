@@ -363,10 +363,11 @@ def _run_auto(
     smoothing: float | None,
 ) -> tuple[_Run, str, dict[str, Any]]:
     """``_run`` with each of ``AUTO_METHODS``: the model prepared once and calibrated in one pass over
-    the data for all; the candidates are compared with their biases corrected on a few samples
-    (scoring them uncorrected chose worse on the CRNN of the bench), and only the chosen one's are
-    corrected on all, starting from the sums of its sketch: the same model as ``method=<chosen>``
-    gives."""
+    the data for all, but the first samples (``HeldOut``: none when there are too few); the candidates
+    are compared on those held-out samples with their biases corrected on a few (scoring them
+    uncorrected chose worse on the CRNN of the bench), and only the chosen one's are corrected on all,
+    starting from the sums of its sketch: the model ``method=<chosen>`` gives when calibrated on the
+    samples after the held-out ones."""
     smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
     prepared, quantizer_report, float_info, smoothed = _prepare(
         model, quantizer, target.name, strict, True, smooth, **load_options
