@@ -830,3 +830,25 @@ def test_auto_holds_out_the_first_samples_of_a_generator_too() -> None:
     assert streamed.report["method_choice"] == listed.report["method_choice"]
     assert listed.report["method_choice"]["held_out"] == 32
     assert ir.to_proto(streamed.model).SerializeToString() == ir.to_proto(listed.model).SerializeToString()
+
+
+def test_auto_corrects_biases_to_compare_only_when_the_candidates_are_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates are compared as calibrated; only when their SQNRs are within ``DECISIVE_DB`` are
+    they corrected on a few samples and compared again. Either way the chosen model is that method's,
+    byte for byte (its biases corrected on all samples, from its sketch's sums or from the start)."""
+    import onnx_ir as ir
+
+    decided = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
+    choice = decided.report["method_choice"]
+    first = choice["uncorrected_sqnr_db"]
+    assert abs(first["minmax"] - first["mean_minmax"]) >= requant.api.DECISIVE_DB  # the digits: decided at once
+    assert not choice["biases_corrected"] and choice["output_sqnr_db"] == first
+    assert "biases corrected on" not in decided.report["summary"]
+
+    monkeypatch.setattr(requant.api, "DECISIVE_DB", float("inf"))  # always too close: corrected and compared again
+    close = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
+    again = close.report["method_choice"]
+    assert again["biases_corrected"] and again["uncorrected_sqnr_db"] == first
+    assert again["output_sqnr_db"] != first and again["chosen"] == choice["chosen"]
+    assert "32 held-out calibration samples, biases corrected on 8:" in close.report["summary"]
+    assert ir.to_proto(close.model).SerializeToString() == ir.to_proto(decided.model).SerializeToString()
