@@ -406,6 +406,7 @@ def _run_auto(
         method = max(scores, key=lambda m: (scores[m], -list(scores).index(m)))  # a tie keeps the first
         if scores is not first:
             sums = sketches[method][1]
+            del sketches
         choice = {
             "chosen": method,
             "output_sqnr_db": scores,
@@ -414,7 +415,10 @@ def _run_auto(
             "samples": len(comparison.samples),
             "held_out": held.skipped,
         }
-    converted = _finish(staged[method], kernel_data, progress=progress or terminal_progress("measuring kernels"),
+        del comparison, plain  # the float model's session and the candidates' models: not while finishing
+    kept = staged.pop(method)
+    staged.clear()  # the other candidate's model
+    converted = _finish(kept, kernel_data, progress=progress or terminal_progress("measuring kernels"),
                         correct=correct, sums=sums)  # fmt: skip
     return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, smoothed), method, choice
 
