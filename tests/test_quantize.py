@@ -852,3 +852,57 @@ def test_auto_corrects_biases_to_compare_only_when_the_candidates_are_close(monk
     assert again["output_sqnr_db"] != first and again["chosen"] == choice["chosen"]
     assert "32 held-out calibration samples, biases corrected on 8:" in close.report["summary"]
     assert ir.to_proto(close.model).SerializeToString() == ir.to_proto(decided.model).SerializeToString()
+
+
+def test_a_focus_stem_slices_bytes_and_computes_the_same(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Focus stem (four strided Slices of the input and their Concat) is quantized before the Slices:
+    ONNX Runtime then slices uint8 values, and the outputs are the same, bit for bit, as with the input
+    quantized after the Concat (the same values, so with minmax the same scale)."""
+    import onnx
+    import onnx.numpy_helper
+    import onnx.parser
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    import requant.quantizers.shared as shared
+
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[1,4,16,16] x) => (float[1,16,8,8] y) {'
+        " a = Slice(x, zero, end, axes, two) b = Slice(x, one, end, axes, two)"
+        " c = Slice(x, zero_one, end, axes, two) d = Slice(x, ones, end, axes, two)"
+        " f = Concat <axis = 1> (a, b, c, d) y = Conv <pads = [1, 1, 1, 1]> (f, w, bias) }"
+    )
+    constants = {
+        "zero": np.array([0, 0]), "one": np.array([1, 0]), "zero_one": np.array([0, 1]), "ones": np.array([1, 1]),
+        "end": np.array([16, 16]), "axes": np.array([2, 3]), "two": np.array([2, 2]),
+    }  # fmt: skip
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v.astype(np.int64), k) for k, v in constants.items())
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "bias"),
+    ])  # fmt: skip
+    data = [{"x": rng.uniform(0, 255, (1, 4, 16, 16)).astype(np.float32)} for _ in range(16)]
+
+    def run(model: ir.Model) -> tuple[np.ndarray, list[str]]:
+        path = tmp_path / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(path)
+        session = ort.InferenceSession(
+            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        (y,) = session.run(None, data[0])
+        optimized = onnx.load(path)
+        producers = {o: n.op_type for n in optimized.graph.node for o in n.output}
+        return y, [producers.get(n.input[0], "input") for n in optimized.graph.node if n.op_type == "Slice"]
+
+    before = requant.api.quantize(proto, data, method="minmax", measure=False)
+    assert next(n for n in before.model.graph if n.op_type == "QuantizeLinear").inputs[0].name == "x"
+    y, readers = run(before.model)
+    assert readers and all(r in ("QuantizeLinear", "Slice") for r in readers)  # the Slices move bytes
+
+    monkeypatch.setattr(shared, "_quantize_before_layout", lambda value: None)
+    after = requant.api.quantize(proto, data, method="minmax", measure=False)
+    y_after, readers_after = run(after.model)
+    assert all(r in ("input", "Slice") for r in readers_after)  # floats: the input and float Slices
+    assert np.array_equal(y, y_after)

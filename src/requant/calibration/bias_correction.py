@@ -34,6 +34,7 @@ from requant.calibration.data import iter_samples
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import fresh_name, graph_values
+from requant.ir.traits import LAYOUT_ONLY, data_inputs
 
 __all__ = ["KERNELS", "BiasCorrection", "BiasSums", "correct_biases", "float_parameters", "samples_for"]
 
@@ -156,6 +157,28 @@ def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> lis
     return found
 
 
+def _float_source(value: ir.Value, added: list[ir.Node]) -> ir.Value:
+    """``value`` as the float model computes it. Where requant quantized before a tree of layout-only
+    ops (a Focus stem's Slices and Concat), ``value`` is such an op over dequantized values: the same
+    op over their float sources instead (appended to ``added``), so the float kernel reads the input
+    unrounded, as it does where the input is quantized right before the kernel."""
+    node = value.producer()
+    if node is None or node.op_type not in LAYOUT_ONLY:
+        return value
+    inputs = list(node.inputs)
+    for i in data_inputs(node):
+        dq = inputs[i].producer() if inputs[i] is not None else None  # type: ignore[union-attr]
+        q = dq.inputs[0].producer() if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs[0] else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.inputs[0] is not None:
+            inputs[i] = _float_source(q.inputs[0], added)
+    if all(a is b for a, b in zip(inputs, node.inputs, strict=True)):
+        return value
+    attributes = {a.name: a.value for a in node.attributes.values()}
+    copy = ir.node(node.op_type, inputs, attributes, domain=node.domain, num_outputs=len(node.outputs))
+    added.append(copy)
+    return copy.outputs[value.index() or 0]  # the same output of the copy (a Split has several)
+
+
 def _probe(
     model: ir.Model, kernels: list[_Kernel], floats: Mapping[str, ir.TensorProtocol]
 ) -> tuple[ir.Model, list[_Measures]]:
@@ -185,7 +208,9 @@ def _probe(
     measures = []
     for kernel, x_float, _, pad in kernels:
         original = nodes[position[id(kernel)]]
-        x = values[str(x_float.name)]
+        rebuilt: list[ir.Node] = []
+        x = _float_source(values[str(x_float.name)], rebuilt)
+        probe.graph.extend(rebuilt)
         if pad is not None:  # the same zero channels, in float
             padded = ir.node("Pad", [x, values[str(pad.inputs[1].name)]])  # type: ignore[union-attr]
             probe.graph.append(padded)
