@@ -851,6 +851,11 @@ def test_auto_corrects_biases_to_compare_only_when_the_candidates_are_close(monk
     assert again["biases_corrected"] and again["uncorrected_sqnr_db"] == first
     assert again["output_sqnr_db"] != first and again["chosen"] == choice["chosen"]
     assert "32 held-out calibration samples, biases corrected on 8:" in close.report["summary"]
+    from requant.report.markdown import to_markdown  # the page says the same, with the preset
+
+    page = to_markdown(close.report)
+    assert "| preset | INT8_PER_CHANNEL_WEIGHTS" in page
+    assert f"| calibration method | auto -> {again['chosen']} (the output's SQNR against float on 32 held-out" in page
     assert ir.to_proto(close.model).SerializeToString() == ir.to_proto(decided.model).SerializeToString()
 
 

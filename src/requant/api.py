@@ -51,7 +51,7 @@ from requant.quantizers import Quantizer, QuantizerReport
 from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
-from requant.report.markdown import encoding_summary
+from requant.report.markdown import encoding_summary, method_summary
 from requant.runtime import exact_twin
 from requant.targets.kernels import ONNXRUNTIME_X86_VNNI, host_kernel_model
 from requant.targets.registry import DEFAULT_TARGET, Target, get_target
@@ -412,6 +412,7 @@ def _run_auto(
             "output_sqnr_db": scores,
             "uncorrected_sqnr_db": first,
             "biases_corrected": scores is not first,
+            "sketch_samples": SKETCH_SAMPLES,
             "samples": len(comparison.samples),
             "held_out": held.skipped,
         }
@@ -828,17 +829,8 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     lines = [f"target: {report['target']}"]
     if report["quantizers"].get("preset_choice"):
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
-    choice = report.get("method_choice")
-    if choice and choice.get("why"):
-        lines.append(f"method: auto -> {choice['chosen']} ({choice['why']})")
-    elif choice:
-        scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
-        which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"
-        corrected = f", biases corrected on {SKETCH_SAMPLES}" if choice.get("biases_corrected") else ""
-        lines.append(
-            f"method: auto -> {choice['chosen']} (the output's SQNR against float on {choice['samples']} "
-            f"{which}{corrected}: {scores})"
-        )
+    if report.get("method_choice"):
+        lines.append(f"method: {method_summary(report['method_choice'])}")
     if report["quantizers"].get("compute"):
         lines.append(f"compute: {report['quantizers']['compute']}")
     smoothed = [r for r in report.get("smoothing", {}).get("inputs", []) if r["applied"]]

@@ -11,7 +11,7 @@ from typing import Any
 
 from requant.report.saturation import SaturationFinding
 
-__all__ = ["encoding_summary", "to_markdown"]
+__all__ = ["encoding_summary", "method_summary", "to_markdown"]
 
 
 def _cell(value: object) -> str:
@@ -26,6 +26,10 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]
 
 def _summary(report: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, str]] = [("target", report["target"])]
+    if report.get("quantizers", {}).get("preset_choice"):
+        rows.append(("preset", report["quantizers"]["preset_choice"]))
+    if report.get("method_choice"):
+        rows.append(("calibration method", method_summary(report["method_choice"])))
     if report.get("weight_encoding", {}).get("kernels"):
         rows.append(("int8 weights", encoding_summary(report["weight_encoding"])))
     size = report["size_bytes"]
@@ -49,6 +53,17 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
         rows.append(("SQNR", f"{ev['sqnr_db']:.1f} dB"))
     rows.append(("quantized in", f"{report['quantize_seconds']:.1f} s"))
     return _table(("figure", "value"), rows)
+
+
+def method_summary(choice: Mapping[str, Any]) -> str:
+    """What ``method="auto"`` chose and why, in one line (the report's ``method_choice``)."""
+    if choice.get("why"):
+        return f"auto -> {choice['chosen']} ({choice['why']})"
+    scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
+    which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"
+    corrected = f", biases corrected on {choice['sketch_samples']}" if choice.get("biases_corrected") else ""
+    on = f"{choice['samples']} {which}{corrected}"
+    return f"auto -> {choice['chosen']} (the output's SQNR against float on {on}: {scores})"
 
 
 def encoding_summary(section: Mapping[str, Any]) -> str:
