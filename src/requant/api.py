@@ -439,10 +439,9 @@ class _Comparison:
 
     def scores(self, protos: Mapping[str, onnx.ModelProto]) -> dict[str, float]:
         """Each candidate's output SQNR against float on the samples."""
-        sqnr = {
+        return {
             m: _agreement(self.model, self.reference, session(p), self.samples)["sqnr_db"] for m, p in protos.items()
         }
-        return sqnr
 
 
 def _check_budget(max_drop: Any, metric: Any, eval_data: Any, keep_float_below: Any) -> None:

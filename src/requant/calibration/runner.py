@@ -25,7 +25,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from requant.calibration.data import HeldOut, Sample, iter_samples, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
-from requant.ir.queries import graph_values
+from requant.ir.queries import graph_values, static_elements
 from requant.runtime import cpu_session
 
 __all__ = ["Progress", "collect", "terminal_progress"]
@@ -102,11 +102,8 @@ def _sizes(model: ir.Model, names: list[str]) -> dict[str, int]:
     sizes = {}
     for name in names:
         value = by_name.get(name)
-        elements = 1
-        if value is not None and value.shape is not None:
-            for d in value.shape:
-                elements *= d if isinstance(d, int) else 1
-        sizes[name] = elements * 4
+        elements = static_elements(value) if value is not None else None
+        sizes[name] = (1 if elements is None else elements) * 4
     return sizes
 
 

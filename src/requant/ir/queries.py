@@ -14,6 +14,7 @@ __all__ = [
     "is_op",
     "op_name",
     "pads_with_zero",
+    "static_elements",
     "subgraphs",
     "weighted_layers",
 ]
@@ -38,6 +39,17 @@ def fresh_name(base: str, taken: set[str | None]) -> str:
         name, i = f"{base}_{i}", i + 1
     taken.add(name)
     return name
+
+
+def static_elements(value: ir.Value) -> int | None:
+    """The elements of ``value`` per sample, where its shape is known (a symbolic dimension, such as
+    the batch, counts 1); None when it has no shape."""
+    if value.shape is None:
+        return None
+    count = 1
+    for d in value.shape:
+        count *= d if isinstance(d, int) else 1
+    return count
 
 
 def graph_values(graph: ir.Graph) -> list[ir.Value]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from requant.ir.annotations import element_name, request, set_request
-from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values, pads_with_zero
+from requant.ir.queries import DEFAULT_DOMAINS, constant, graph_values, pads_with_zero, static_elements
 from requant.ir.requests import NoQuant, QuantizationSpec, Request, SharedSpec
 from requant.ir.traits import DATA_MOVEMENT, LAYOUT_ONLY, data_inputs
 from requant.quantizers.pattern_quantizer import QuantizeState
@@ -67,16 +67,6 @@ def _quantize_before_pad(node: ir.Node) -> None:
     wanted = request(out)
     if isinstance(wanted, QuantizationSpec) and wanted.granularity == "per_tensor":
         set_request(source, wanted)
-
-
-def _elements(value: ir.Value) -> int | None:
-    """Elements of a value whose shape is known (a symbolic dimension counts 1: the same batch)."""
-    if value.shape is None:
-        return None
-    count = 1
-    for d in value.shape:
-        count *= d if isinstance(d, int) else 1
-    return count
 
 
 def _layout_ends(source: ir.Value) -> list[ir.Value] | None:
@@ -127,7 +117,7 @@ def _quantize_before_layout(source: ir.Value) -> None:
     spec = wanted.pop() if len(wanted) == 1 else None
     if not isinstance(spec, QuantizationSpec) or spec.granularity != "per_tensor":
         return
-    counts = [_elements(v) for v in (source, *ends)]
+    counts = [static_elements(v) for v in (source, *ends)]
     if any(c is None for c in counts) or sum(c for c in counts[1:] if c) < (counts[0] or 0):
         return
     set_request(source, spec)
