@@ -60,7 +60,8 @@ config = "float"
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert markdown.startswith("# requant quantization report\n")
     assert "| QLinearConv | 2 |" in markdown
-    assert "| PatternQuantizer | ModulePath('classifier') | FLOAT | 1 | 1 | 0 | 0 |" in markdown
+    # the Gemm and the classifier's data-movement ops (a flatten), which a float override keeps float too
+    assert "| PatternQuantizer | ModulePath('classifier') | FLOAT | 4 | 4 | 0 | 0 |" in markdown
     assert "| `features.3.weight_bn` | weight | minmax | `!quant.uniform<i8:f32:0, {0.0" in markdown
     assert "...` (32 values) |" in markdown  # long per-channel types are cut in the page, whole in the JSON
     assert (tmp_path / "out" / "digits_int8.onnx").is_file()

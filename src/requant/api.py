@@ -48,6 +48,8 @@ from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
 from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
+from requant.quantizers.placement import Placement, place
+from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
@@ -114,6 +116,10 @@ class _Smoothing:
     ranges: dict[str, Any]
 
 
+_Prepared = tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None, Smoothing]
+PLACEMENT_ROUNDS = 3  # annotations after the first: a group kept float can make its neighbours' float cheaper
+
+
 def _prepare(
     source: Any,
     quantizer: Quantizer | None,
@@ -122,7 +128,39 @@ def _prepare(
     keep_float: bool | None,
     smoothing: _Smoothing | None = None,
     **load_options: Any,
-) -> tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None, Smoothing]:
+) -> _Prepared:
+    """``_annotate``, then placement by the target's cost model (:mod:`requant.quantizers.placement`):
+    while groups of int8 ops cost more than their float versions, the model is annotated again with
+    them kept float (``FLOAT_PLACED``); every group's decision goes to the report."""
+    prepared = _annotate(source, quantizer, target, strict, keep_float, smoothing, **load_options)
+    costs = get_target(target).costs
+    if costs is None:
+        return prepared
+    quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(get_target(target).table)
+    decided: dict[tuple[str, ...], Placement] = {}
+    for _ in range(PLACEMENT_ROUNDS):
+        found = place(prepared[0], costs)
+        decided.update((tuple(p.nodes), p) for p in found)
+        if not any(p.placed == "float" for p in found):
+            break
+        floats = [name for p in decided.values() if p.placed == "float" for name in p.nodes]
+        prepared = _annotate(
+            source, quantizer.with_float_nodes(floats, FLOAT_PLACED), target, strict, keep_float, smoothing,
+            **load_options,
+        )  # fmt: skip
+    prepared[1].placements = [p.to_json() for p in decided.values()]
+    return prepared
+
+
+def _annotate(
+    source: Any,
+    quantizer: Quantizer | None,
+    target: str,
+    strict: bool,
+    keep_float: bool | None,
+    smoothing: _Smoothing | None = None,
+    **load_options: Any,
+) -> _Prepared:
     """``prepare``; with ``keep_float`` not None, also the float model as canonicalized, before
     smoothing, the quantizers' annotations and the target's decompositions (the reference for latency
     and evaluation: a decomposed HardSwish runs slower in float), serialized if ``keep_float``, and
@@ -842,6 +880,15 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"'{widest['input']}': largest channel {widest['spread_before']:.1f}x the median -> "
             f"{widest['spread_after']:.1f}x"
         )
+    placed = report["quantizers"].get("placements", [])
+    if placed:
+        floats = [p for p in placed if p["placed"] == "float"]
+        line = f"placement: {len(placed)} groups of int8 ops between kernels, {len(floats)} kept float"
+        if floats:
+            saved = sum(p["int8_us"] - p["float_us"] for p in floats)
+            named = ", ".join("/".join(p["ops"]) for p in floats[:4]) + (", ..." if len(floats) > 4 else "")
+            line += f" ({named}: modelled {saved:.1f} us faster)"
+        lines.append(line)
     tosa = report.get("tosa")
     if tosa:
         kernels = {k: v for k, v in tosa["ops"].items() if k in ("conv2d", "depthwise_conv2d", "matmul")}

@@ -20,7 +20,7 @@ from requant.ir.queries import constant
 from requant.ir.requests import DerivedSpec, NoQuant, QuantizationSpec, Request
 from requant.ir.traits import DATA_MOVEMENT, WEIGHTED, data_inputs, weight_channel_axis, weight_inputs
 from requant.quantizers.config import DerivedBias, QuantizationConfig
-from requant.quantizers.finders import NodeFinder
+from requant.quantizers.finders import Global, NodeFinder
 from requant.quantizers.matcher import PatternMatcher
 from requant.quantizers.records import NodeDecision, QuantizerRecord
 from requant.targets.table import Match, Reject, SupportTable
@@ -152,8 +152,13 @@ class PatternQuantizer:
         followers = [n for n in model.graph if n not in state.annotated and state.claims.get(n, {me}) <= {me}]
         matches, unmatched = self.pattern_matcher.match(fresh, followers=followers)
         for node in unmatched:
-            if node.op_type in DATA_MOVEMENT:  # the shared-spec quantizer's business, not a rejection
-                record.selected -= 1
+            if node.op_type in DATA_MOVEMENT:  # the shared-spec quantizer's business, not a rejection,
+                if self.config.quantizes or isinstance(self.node_finder, Global):
+                    record.selected -= 1
+                    continue
+                # unless named to be kept float: then it is, and shares nothing
+                state.mark(node, me, in_float=True)
+                record.decisions.append(NodeDecision([node.name or node.op_type], node.op_type, "accepted"))
                 continue
             reason = f"{node.op_type} is in no pattern of {self.pattern_matcher.table}"
             record.decisions.append(NodeDecision([node.name or node.op_type], node.op_type, "rejected", reason))

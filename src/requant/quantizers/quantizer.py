@@ -105,6 +105,10 @@ class _ModuleParamsFinder(NodeFinder):
 
 # computes in float, reading float inputs; leaves its output to its consumers
 FLOAT_KERNEL = QuantizationConfig("FLOAT_KERNEL", input_activation=NoQuant(), weight=NoQuant(), bias=NoQuant())
+# An op placement keeps float (requant.quantizers.placement): computes in float and asks nothing of
+# its ports, so the int8 kernels around it keep theirs (a conv before it still writes int8, which it
+# reads through a DequantizeLinear; a conv after it still quantizes what it reads).
+FLOAT_PLACED = QuantizationConfig("FLOAT_PLACED")
 
 
 class Quantizer:
@@ -178,16 +182,17 @@ class Quantizer:
         other._global = moved(self._global) if self._global is not None else None  # type: ignore[assignment]
         return other
 
-    def with_float_nodes(self, names: Iterable[str]) -> Quantizer:
+    def with_float_nodes(self, names: Iterable[str], config: QuantizationConfig = FLOAT_KERNEL) -> Quantizer:
         """A copy of this quantizer that also computes the nodes named (exactly) in float, before all else.
 
-        Their weights and inputs stay float (so does what feeds them, when nothing else reads it);
-        their outputs get no request: a next int8 kernel still quantizes what it reads.
+        With ``FLOAT_KERNEL``, their weights and inputs stay float (so does what feeds them, when
+        nothing else reads it); their outputs get no request: a next int8 kernel still quantizes what
+        it reads. With ``FLOAT_PLACED``, they ask nothing of their ports at all.
         """
         other = copy.copy(self)
         other._added = list(self._added)
         for name in names:
-            other.set_node_name(name, FLOAT_KERNEL)
+            other.set_node_name(name, config)
         return other
 
     def names_observers(self) -> bool:

@@ -63,6 +63,8 @@ class QuantizerReport:
     not_decomposed: list[dict[str, str]] = field(default_factory=list)
     preset_choice: str = ""  # why the global preset is the one it is, when requant chose it
     compute: str = ""  # a change of the model's float type before quantizing, and why
+    # groups of int8 ops between kernels, where they run and their modelled costs (quantizers.placement)
+    placements: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +72,7 @@ class QuantizerReport:
             "compute": self.compute,
             "decomposed": self.decomposed,
             "not_decomposed": self.not_decomposed,
+            "placements": self.placements,
             "quantizers": [r.to_json() for r in self.records],
             "unannotated_nodes": self.unannotated,
             "warnings": self.warnings,
@@ -87,7 +90,10 @@ class QuantizerReport:
             lines.append(f"Decomposed {d['node']} into {d['into']} ({d['why']})")
         for d in self.not_decomposed:
             lines.append(f"Kept {d['node']}: {d['reason']}")
-        if self.decomposed or self.not_decomposed:
+        for p in self.placements:
+            if p["placed"] == "float":
+                lines.append(f"Kept float {', '.join(p['nodes'])}: {p['why']}")
+        if self.decomposed or self.not_decomposed or any(p["placed"] == "float" for p in self.placements):
             lines.append(rule)
         for r in self.records:
             lines.append(f"{r.kind} using {r.finder}")

@@ -18,6 +18,10 @@ def _cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
 def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -137,6 +141,19 @@ def _quantizers(quantizers: Mapping[str, Any]) -> list[str]:
         lines += [f"- {d['node']} -> {d['into']}: {d['why']}" for d in decomposed]
         lines += [f"- {d['node']} kept: {d['reason']}" for d in kept]
         lines.append("")
+    placements = quantizers.get("placements", [])
+    if placements:
+        # the groups kept float, and those that would be cheaper float but cannot be; the rest counted
+        shown = [p for p in placements if p["placed"] != "int8" or (p["float_us"] or 0) < (p["int8_us"] or 0)]
+        lines += ["### Where int8 ends (modelled cost)", ""]
+        if shown:
+            lines += _table(("ops", "placed", "int8 us", "float us", "why"), [
+                (", ".join(p["ops"]), p["placed"], _us(p["int8_us"]), _us(p["float_us"]), p["why"].split(" (")[0])
+                for p in shown
+            ])  # fmt: skip
+        if len(shown) < len(placements):
+            lines += [f"{len(placements) - len(shown)} groups of int8 ops between kernels stay int8: cheaper than "
+                      "float with their conversions.", ""]  # fmt: skip
     for warning in quantizers.get("warnings", []):
         lines += [f"> **Warning:** {warning}", ""]
     rejected = [

@@ -1,7 +1,8 @@
 """Targets by name: what a model is quantized for.
 
 A target is data: its support table (which int8 kernels exist and which ports they take), its
-kernel model (how those kernels add their products, :mod:`requant.targets.kernels`), the
+kernel model (how those kernels add their products, :mod:`requant.targets.kernels`), its cost
+model (what its ops cost in float and int8, :mod:`requant.targets.costs`: where int8 ends), the
 presets used when none is given (one for conv nets, one for models with more linear layers than
 convolutions), and its backend: ``qdq`` (a QDQ ONNX model, which ONNX Runtime fuses into int8
 kernels) or ``tosa`` (integer-only TOSA MLIR, :mod:`requant.backends.tosa`, lowered from the QDQ
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from requant.errors import RequantError
+from requant.targets.costs import ONNXRUNTIME_X86_COSTS, CostModel
 from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, KernelModel
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
@@ -39,6 +41,7 @@ class Target:
     kernels: KernelModel
     presets: tuple[str, str]  # (conv nets, models with more linear layers than convolutions)
     backend: str = "qdq"  # "qdq": the QDQ ONNX model; "tosa": integer-only TOSA MLIR lowered from it
+    costs: CostModel | None = None  # what its ops cost, for placement (None: every int8 op the table allows)
 
     def __str__(self) -> str:
         return self.name
@@ -54,6 +57,7 @@ TARGETS: dict[str, Target] = {
             ONNXRUNTIME_CPU,
             ONNXRUNTIME_X86,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_FLOAT_OUTPUTS"),
+            costs=ONNXRUNTIME_X86_COSTS,
         ),
         Target(
             "onnxruntime-cpu-vnni",
@@ -62,6 +66,7 @@ TARGETS: dict[str, Target] = {
             ONNXRUNTIME_CPU,
             ONNXRUNTIME_X86_VNNI,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_FLOAT_OUTPUTS"),
+            costs=ONNXRUNTIME_X86_COSTS,
         ),
         Target(
             "tosa-int8",

@@ -1,0 +1,240 @@
+"""Placement: where int8 ends, by modelled cost. Groups of int8 ops that cost more than float are kept float.
+
+After the quantizers have annotated a model, the ops that would run as int8 ops besides the kernels
+(elementwise ops, pools, and the layout ops between them) form connected *groups*: ops whose data
+inputs and outputs are all quantized, linked by the values between them. Each group is priced both
+ways with the target's cost model (:mod:`requant.targets.costs`):
+
+- int8, as annotated: each op's int8 cost, a QuantizeLinear for each value entering from a float
+  producer (a graph input, a float op), a DequantizeLinear for each float reader of a value leaving;
+- float: each op's float cost, a DequantizeLinear for each read of a value that stays quantized
+  (an int8 kernel writes it, or one reads it), a QuantizeLinear for a value the group makes that an
+  int8 kernel reads.
+
+A group that is clearly cheaper in float (``FLOAT_MARGIN``) is kept float (:func:`place` returns
+its nodes; the API annotates the model again with them as ``FLOAT_PLACED``, which asks nothing of
+their ports, so the kernels around them stay int8). Float computes the same ops without rounding,
+so such a group is both faster and closer to the float model. Each group's decision is reported with
+both prices. A group whose sizes are not known (no static shape) is left as annotated, and said so;
+so is a lone op ONNX Runtime fuses into its int8 op whatever requant writes.
+
+Values are counted per sample (a symbolic dimension counts 1), as the model runs at batch 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+
+from requant.ir.annotations import request
+from requant.ir.queries import DEFAULT_DOMAINS, constant, static_elements
+from requant.ir.requests import NoQuant
+from requant.ir.traits import WEIGHTED, data_inputs
+from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
+from requant.targets.costs import CostModel
+
+__all__ = ["FLOAT_MARGIN", "Placement", "place"]
+
+SHARED = "SharedSpecQuantizer"  # its mark on the data-movement ops it annotates
+
+# a group goes float only when modelled at most this fraction of its int8 cost: the model is within
+# about 10 % of ONNX Runtime in context (bench/bench_placement.py: a Sigmoid, Tanh, Sigmoid chain
+# between int8 convs modelled 3 % cheaper in float measured 1.5 % dearer)
+FLOAT_MARGIN = 0.9
+
+
+@dataclass
+class Placement:
+    """One group of int8 ops between kernels and where it runs: ``placed`` is ``"int8"`` or ``"float"``
+    (or ``"as annotated"`` with ``why`` when it could not be priced); modelled microseconds both ways."""
+
+    nodes: list[str]
+    ops: list[str]
+    placed: str
+    int8_us: float | None = None
+    float_us: float | None = None
+    why: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "ops": self.ops,
+            "placed": self.placed,
+            "int8_us": None if self.int8_us is None else round(self.int8_us, 2),
+            "float_us": None if self.float_us is None else round(self.float_us, 2),
+            "why": self.why,
+        }
+
+
+def _quantized(value: ir.Value | None) -> bool:
+    r = request(value) if value is not None else None
+    return r is not None and not isinstance(r, NoQuant)
+
+
+def _member(node: ir.Node, costs: CostModel) -> bool:
+    """Whether ``node`` runs as an int8 op (or moves int8 values) between conversions as annotated."""
+    if node.domain not in DEFAULT_DOMAINS or node.op_type in WEIGHTED or not _int8(node):
+        return False
+    if not (node.op_type in costs.int8_ops or node.op_type in costs.free):
+        return False
+    inputs = [node.inputs[i] for i in data_inputs(node)]
+    outputs = [o for o in node.outputs if o.uses() or o.is_graph_output()]
+    data = [v for v in inputs if v is not None and constant(v) is None]
+    return bool(data) and bool(outputs) and all(_quantized(v) for v in data + outputs)
+
+
+def _int8(node: ir.Node | None) -> bool:
+    """Whether a quantizer annotated ``node`` to run in int8: a kernel pattern (Conv, Conv -> Clip,
+    MatMulIntegerToFloat...), an int8 op, or a data-movement op sharing its input's quantization."""
+    if node is None or KEPT_FLOAT_KEY in node.metadata_props:
+        return False
+    mark = str(node.metadata_props.get(ANNOTATED_KEY, ""))
+    return asks_for_int8(mark) or mark == SHARED
+
+
+def _groups(members: list[ir.Node]) -> list[list[ir.Node]]:
+    """``members`` in connected groups (linked by a value one writes and another reads), in graph order."""
+    index = {n: i for i, n in enumerate(members)}
+    parent = list(range(len(members)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for node in members:
+        for out in node.outputs:
+            for user, _ in out.uses():
+                if user in index:
+                    parent[find(index[user])] = find(index[node])
+    groups: dict[int, list[ir.Node]] = {}
+    for node in members:
+        groups.setdefault(find(index[node]), []).append(node)
+    return list(groups.values())
+
+
+def _elements(node: ir.Node) -> int | None:
+    """What ``node``'s cost scales with: its output's elements (its input's for GlobalAveragePool)."""
+    value = node.inputs[0] if node.op_type == "GlobalAveragePool" else node.outputs[0]
+    return static_elements(value) if value is not None else None
+
+
+def _folded(node: ir.Node) -> bool:
+    """A Mul by one positive constant: in int8 the QDQ writer folds it into the scale its readers take
+    (``requant.backends.qdq``), so it costs nothing."""
+    if node.op_type != "Mul" or node.outputs[0].is_graph_output():
+        return False
+    factors = [constant(v) for v in node.inputs if v is not None]
+    return any(f is not None and f.size == 1 and float(f.reshape(-1)[0]) > 0 for f in factors)
+
+
+def _reads(value: ir.Value, inside: set[ir.Node]) -> tuple[int, int, int]:
+    """How many times ``value`` is read inside the group, by int8 kernels outside it, and in float
+    outside it (a graph output counts as a float read)."""
+    inside_reads = int8_reads = float_reads = 0
+    for user, _ in value.uses():
+        if user in inside:
+            inside_reads += 1
+        elif _int8(user):
+            int8_reads += 1
+        else:
+            float_reads += 1
+    return inside_reads, int8_reads, float_reads + int(value.is_graph_output())
+
+
+def _fused_anyway(node: ir.Node, inside: set[ir.Node], costs: CostModel) -> bool:
+    """Whether ONNX Runtime would fuse ``node`` into its int8 op even if kept float: every data input
+    read through a DequantizeLinear (it stays quantized: an int8 kernel writes or reads it) and every
+    output read only by int8 kernels, through a QuantizeLinear."""
+    if node.op_type not in costs.fused_alone:
+        return False
+    for i in data_inputs(node):
+        v = node.inputs[i]
+        if v is None or constant(v) is not None:
+            continue
+        if v.producer() in inside or not (_int8(v.producer()) or _reads(v, inside)[1]):
+            return False
+    for out in node.outputs:
+        reads_inside, reads_int8, reads_float = _reads(out, inside)
+        if reads_inside or reads_float or not reads_int8:
+            return False
+    return True
+
+
+def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
+    """The group's modelled microseconds as int8 and as float; or why it cannot be priced."""
+    inside = set(group)
+    int8_us = float_us = 0.0
+    for node in group:
+        elements = _elements(node)
+        if elements is None:
+            return f"{node.op_type} '{node.name}' has no static shape"
+        int8_us += 0.0 if _folded(node) else costs.op_us(node.op_type, True, elements)
+        float_us += costs.op_us(node.op_type, False, elements)
+    touched: dict[int, ir.Value] = {}
+    for node in group:
+        for i in data_inputs(node):
+            v = node.inputs[i]
+            if v is not None and constant(v) is None:
+                touched.setdefault(id(v), v)
+        for v in node.outputs:
+            touched.setdefault(id(v), v)
+    for value in touched.values():
+        size = static_elements(value)
+        if size is None:
+            return f"value '{value.name}' has no static shape"
+        q, dq = costs.quantize.us(size), costs.dequantize.us(size)
+        producer = value.producer()
+        made_inside = producer in inside
+        reads_inside, reads_int8, reads_float = _reads(value, inside)
+        # an int8 kernel writes it quantized (a float-output kernel, MatMulIntegerToFloat, does not: its
+        # value is quantized for the group, whose price as int8 then misses that QuantizeLinear and as
+        # float counts DequantizeLinears it would not need: such a group stays int8, as annotated)
+        int8_producer = not made_inside and _int8(producer)
+        # int8, as annotated: a float producer's value is quantized once; float readers dequantize
+        if not made_inside and not int8_producer:
+            int8_us += q
+        int8_us += reads_float * dq
+        # float: the value stays quantized only if an int8 kernel writes or reads it
+        if int8_producer or reads_int8:
+            if not int8_producer:
+                float_us += q
+            float_us += (reads_inside + reads_float) * dq
+    return int8_us, float_us
+
+
+def place(model: ir.Model, costs: CostModel) -> list[Placement]:
+    """Every group of int8 ops of the annotated ``model`` between kernels, with where it should run."""
+    members = [n for n in model.graph if _member(n, costs)]
+    placements = []
+    for group in _groups(members):
+        costed = [n for n in group if n.op_type not in costs.free]
+        if not costed:  # layout ops only: the same either way
+            continue
+        names = [n.name or n.op_type for n in group]
+        ops = [n.op_type for n in group]
+        if any(not n.name for n in group):
+            placements.append(Placement(names, ops, "as annotated", why="a node without a name"))
+            continue
+        priced = _price(group, costs)
+        if isinstance(priced, str):
+            placements.append(Placement(names, ops, "as annotated", why=f"not priced: {priced}"))
+            continue
+        int8_us, float_us = priced
+        fused = [n for n in group if _fused_anyway(n, set(group), costs)]
+        if fused:
+            why = (
+                f"ONNX Runtime fuses DequantizeLinear -> {fused[0].op_type} -> QuantizeLinear into its int8 op "
+                f"whatever requant writes (modelled: {int8_us:.1f} us in int8, {float_us:.1f} us in float)"
+            )
+            placements.append(Placement(names, ops, "int8", int8_us, float_us, why))
+        elif float_us < FLOAT_MARGIN * int8_us:
+            why = f"float is cheaper: {float_us:.1f} us against {int8_us:.1f} us in int8 (modelled)"
+            placements.append(Placement(names, ops, "float", int8_us, float_us, why))
+        else:
+            why = f"int8 is cheaper: {int8_us:.1f} us against {float_us:.1f} us in float (modelled)"
+            placements.append(Placement(names, ops, "int8", int8_us, float_us, why))
+    return placements

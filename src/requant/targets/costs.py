@@ -1,0 +1,102 @@
+"""What ops cost on a runtime, in float and in int8, and what a conversion costs: a target's cost model.
+
+Placement (:mod:`requant.quantizers.placement`) weighs these to decide whether a group of int8 ops
+pays for itself: ONNX Runtime runs each elementwise op as one QLinear op, and on this kind of CPU
+none is faster than its float version; int8 wins only where it saves the QuantizeLinear /
+DequantizeLinear that float ops between int8 kernels need. The cost of an op is
+``fixed_us + ns_per_element * elements / 1000`` (elements of its output; of its input for
+GlobalAveragePool).
+
+Measured with ``bench/bench_op_costs.py`` (chains of 2 and 10 ops, interleaved in one process, 2
+threads, batch 1) on ONNX Runtime 1.31.1 with the AVX2 kernels of a CPU without VNNI
+(``bench/ort_without_vnni.py`` on an AMD EPYC Zen 5), at 3,136 and 200,704 elements, 2026-11-25
+(``bench/results_2026-11-25_op_costs.json``). A QuantizeLinear and a DequantizeLinear were measured
+as a pair (0.33 ns an element); each is modelled as half of it.
+
+Modelled as costing the same either way (``free``): layout ops (Reshape, Transpose, Concat, Slice,
+Resize, Pad, a Relu/Clip that a QuantizeLinear absorbs...), which move bytes or floats without
+arithmetic (ONNX Runtime merges chains of them, so they cannot be measured in chains), and pools.
+Pools were measured in context, between two int8 convs (``bench/bench_placement.py``): a float
+MaxPool there brings NHWC transposes and NCHWc reorders besides its conversions, and was slower than
+ONNX Runtime's ``NhwcMaxPool`` in 5 of 6 cases (3x3, 5x5 and 13x13 windows on 56x56 and 13x13 maps;
+faster only with a 13x13 window on 56x56); a lone AveragePool there is fused whatever requant writes.
+
+``fused_alone``: the ops ONNX Runtime fuses from ``DequantizeLinear -> op -> QuantizeLinear`` into its
+int8 op whatever the quantization parameters (its unary, binary and variadic QDQ selectors): such an
+op between int8 kernels cannot be kept float in a QDQ model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["ONNXRUNTIME_X86_COSTS", "CostModel", "OpCost"]
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """``fixed_us`` a run plus ``ns_per_element`` for each element."""
+
+    fixed_us: float
+    ns_per_element: float
+
+    def us(self, elements: float) -> float:
+        return self.fixed_us + self.ns_per_element * elements / 1000.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured costs of a runtime's ops: ``float_ops`` and ``int8_ops`` by op type (an op with no
+    int8 entry has no int8 kernel: it runs in float between conversions), the conversions, the
+    ``free`` ops modelled as costing the same either way, and the ops the runtime fuses into int8
+    ones whenever it sees them between conversions (``fused_alone``)."""
+
+    name: str
+    float_ops: Mapping[str, OpCost]
+    int8_ops: Mapping[str, OpCost]
+    quantize: OpCost
+    dequantize: OpCost
+    free: frozenset[str]
+    fused_alone: frozenset[str]
+
+    def op_us(self, op_type: str, int8: bool, elements: float) -> float:
+        """Modelled microseconds of one ``op_type`` on ``elements``; 0 for a free op."""
+        if op_type in self.free:
+            return 0.0
+        table = self.int8_ops if int8 else self.float_ops
+        return table[op_type].us(elements)
+
+
+_PAIR = OpCost(0.22, 0.330)  # QuantizeLinear -> DequantizeLinear, measured together
+_HALF = OpCost(_PAIR.fixed_us / 2, _PAIR.ns_per_element / 2)
+
+ONNXRUNTIME_X86_COSTS = CostModel(
+    name="ONNX Runtime 1.31 CPU, AVX2 kernels, 2 threads (bench/bench_op_costs.py, 2026-11-25)",
+    float_ops={
+        "Add": OpCost(0.24, 0.059),
+        "Mul": OpCost(0.26, 0.061),
+        "Sigmoid": OpCost(0.47, 0.116),
+        "LeakyRelu": OpCost(0.40, 0.095),
+        "Softmax": OpCost(5.28, 0.165),
+        "GlobalAveragePool": OpCost(2.63, 0.032),
+    },
+    int8_ops={
+        "Add": OpCost(0.35, 0.057),  # QLinearAdd
+        "Mul": OpCost(0.49, 0.096),  # QLinearMul
+        "Sigmoid": OpCost(0.49, 0.125),  # QLinearSigmoid (a lookup table)
+        "LeakyRelu": OpCost(0.49, 0.125),  # QLinearLeakyRelu (a lookup table)
+        "Softmax": OpCost(3.22, 1.001),  # QLinearSoftmax: 6x float
+        "GlobalAveragePool": OpCost(0.91, 0.028),  # QLinearGlobalAveragePool; elements of its input
+    },
+    quantize=_HALF,
+    dequantize=_HALF,
+    free=frozenset(
+        {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather"}
+        | {"Pad", "Resize", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Max", "Min", "Relu", "Clip"}
+        | {"MaxPool", "AveragePool"}
+    ),
+    fused_alone=frozenset(
+        {"Add", "Mul", "Sigmoid", "LeakyRelu", "Softmax", "AveragePool", "GlobalAveragePool", "Concat"}
+    ),
+)

@@ -1,0 +1,157 @@
+"""Placement by modelled cost (requant.quantizers.placement, requant.targets.costs).
+
+Golden files in ``tests/golden/placement``: ``# target: NAME``, a model in ONNX text, then the IR
+as annotated after placement (``# expected ir:``) and each group's decision with its modelled costs
+(``# expected placements:``, one JSON object a line). ``pytest --update-golden`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import parser
+
+import requant
+from requant.api import _prepare
+from requant.frontends import load_onnx_text
+from requant.ir import print_model
+from requant.ir.annotations import iter_values, request
+from requant.quantizers import QuantizationSpec, Quantizer
+from requant.quantizers.quantizer import FLOAT_KERNEL, FLOAT_PLACED
+from requant.report.latency import session
+from requant.report.markdown import to_markdown
+
+CASES = sorted((Path(__file__).parent / "golden" / "placement").glob("*.test"))
+IR, PLACEMENTS = "# expected ir:\n", "# expected placements:\n"
+
+
+def run(path: Path) -> tuple[str, str, str]:
+    text = path.read_text()
+    head = text.split(IR)[0]
+    target = next(line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("# target:"))
+    model_text = "".join(line + "\n" for line in head.splitlines() if not line.startswith("#"))
+    model, report, _, _ = _prepare(load_onnx_text(model_text, path.name), None, target, False, None)
+    lines = "".join(json.dumps(p, sort_keys=True) + "\n" for p in report.placements)
+    return head, print_model(model), lines
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_placement_golden(path: Path, update_golden: bool) -> None:
+    head, ir_text, placements = run(path)
+    if update_golden:
+        path.write_text(head + IR + ir_text + PLACEMENTS + placements)
+        return
+    expected_ir, expected = path.read_text().split(IR)[1].split(PLACEMENTS)
+    assert ir_text == expected_ir, f"{path.name}: IR differs (pytest --update-golden to accept)"
+    assert placements == expected, f"{path.name}: placements differ (pytest --update-golden to accept)"
+
+
+def _conv_model(body: str, channels: int = 8, size: int = 12) -> onnx.ModelProto:
+    """``x -> Conv 1x1 -> <body: c to a> -> Conv 1x1 -> y``, random weights, named nodes."""
+    c, h = channels, size
+    model = parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,{c},{h},{h}] x) => (float[1,{c},{h},{h}] y)
+      <float[{c},{c},1,1] w1, float[{c}] b1, float[{c},{c},1,1] w2, float[{c}] b2> {{
+      c = Conv(x, w1, b1)
+      {body}
+      y = Conv(a, w2, b2)
+    }}""")
+    rng = np.random.default_rng(0)
+    for name, shape in (("w1", (c, c, 1, 1)), ("b1", (c,)), ("w2", (c, c, 1, 1)), ("b2", (c,))):
+        model.graph.initializer.append(
+            onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+        )
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}_{node.op_type}"
+    return model
+
+
+def _samples(shape: tuple[int, ...], count: int = 8) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)} for i in range(count)]
+
+
+def _optimized(model: onnx.ModelProto, tmp_path: Path) -> list[str]:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+
+
+def test_ops_without_kernels_around_them_run_in_float_and_compute_what_float_does() -> None:
+    model = parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,8,16,16] x) => (float[1,8,16,16] y) {
+      s = Sigmoid(x)
+      t = Tanh(s)
+      u = Sigmoid(t)
+      y = Relu(u)
+    }""")
+    data = _samples((1, 8, 16, 16))
+    result = requant.quantize(model, data, measure=False)
+    ops = [n.op_type for n in result.model.graph]
+    assert ops == [
+        "Sigmoid",
+        "Tanh",
+        "Sigmoid",
+        "Relu",
+    ]  # without placement: a QuantizeLinear and a DequantizeLinear each
+    placements = result.report["quantizers"]["placements"]
+    assert {p["placed"] for p in placements} == {"float"}
+    assert all(p["float_us"] < p["int8_us"] for p in placements)
+    float_session = session(model)
+    quant_session = session(ir.serde.serialize_model(result.model))
+    for sample in data[:2]:
+        np.testing.assert_array_equal(quant_session.run(None, sample)[0], float_session.run(None, sample)[0])
+
+
+def test_float_placed_ops_between_int8_convs_leave_the_convs_int8(tmp_path: Path) -> None:
+    # FLOAT_PLACED asks nothing of its ports (FLOAT_KERNEL keeps its inputs float, so the conv before
+    # it would lose its quantized output and run in float); a data-movement op named float is float
+    model = _conv_model("s = Sigmoid(c)\n t = Tanh(s)\n a = MaxPool<kernel_shape=[3,3], pads=[1,1,1,1]>(t)")
+    data = _samples((1, 8, 12, 12))
+    placed = Quantizer().set_global_by_model().with_float_nodes(["n1_Sigmoid", "n3_MaxPool"], FLOAT_PLACED)
+    result = requant.quantize(model, data, quantizer=placed, measure=False, method="minmax")
+    proto = ir.serde.serialize_model(result.model)
+    ops = _optimized(proto, tmp_path)
+    assert ops.count("QLinearConv") == 2 and "QLinearSigmoid" not in ops
+    assert "Sigmoid" in ops
+    # the MaxPool reads the float Tanh: nothing quantizes t (ONNX Runtime itself may move the conv's
+    # QuantizeLinear before the MaxPool, which commutes with it)
+    assert not [n for n in result.model.graph if n.op_type == "QuantizeLinear" and n.inputs[0].name == "t"]
+    kernels = Quantizer().set_global_by_model().with_float_nodes(["n1_Sigmoid"], FLOAT_KERNEL)
+    result = requant.quantize(model, data, quantizer=kernels, measure=False, method="minmax")
+    assert _optimized(ir.serde.serialize_model(result.model), tmp_path).count("QLinearConv") == 1
+
+
+def test_a_group_between_int8_convs_stays_int8_where_it_saves_conversions(tmp_path: Path) -> None:
+    model = _conv_model("s = Sigmoid(c)\n a = Mul(c, s)")  # SiLU
+    result = requant.quantize(model, _samples((1, 8, 12, 12)), measure=False, method="minmax")
+    (group,) = result.report["quantizers"]["placements"]
+    assert group["ops"] == ["Sigmoid", "Mul"] and group["placed"] == "int8"
+    assert group["int8_us"] < group["float_us"]
+    ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
+    assert {"QLinearSigmoid", "QLinearMul"} <= set(ops) and ops.count("QLinearConv") == 2
+    markdown = to_markdown(result.report)
+    assert "1 groups of int8 ops between kernels stay int8" in markdown
+
+
+def test_a_data_movement_op_named_float_shares_nothing() -> None:
+    # the shared-spec quantizer would tie its output to its input's quantization (a MaxPool on bytes)
+    model = _conv_model("a = MaxPool<kernel_shape=[3,3], pads=[1,1,1,1]>(c)")
+    as_int8, _, _, _ = _prepare(model, None, "onnxruntime-cpu", False, None)
+    assert str(request(next(v for v in iter_values(as_int8.graph) if v.name == "a"))) == "#requant.shared<%c>"
+    floats = Quantizer().set_global_by_model().with_float_nodes(["n1_MaxPool"], FLOAT_PLACED)
+    kept, report, _, _ = _prepare(model, floats, "onnxruntime-cpu", False, None)
+    a = next(v for v in iter_values(kept.graph) if v.name == "a")
+    assert isinstance(request(a), QuantizationSpec)  # the next conv's own request, not shared
+    (record,) = [r for r in report.records if r.config == "FLOAT_PLACED"]
+    assert [(d.nodes, d.status) for d in record.decisions] == [(["n1_MaxPool"], "accepted")]
