@@ -282,3 +282,52 @@ def test_a_model_given_as_a_proto_or_an_onnx_ir_model_is_left_as_it_was() -> Non
     requant.api.quantize(given, {"X": x}, measure=False)
     assert [v.const_value.name for v in given.graph.initializers.values()] == ["W", "W5", "W8", "B"]  # type: ignore[union-attr]
     assert model.SerializeToString() == before
+
+
+POOLS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N,4,8,8] X) => (float[N,4,8,8] A, float[N,4,4,4] B, float[N,4,8,8] C, float[N,4,4,4] D) {
+    W = Constant <value = float[4,4,1,1] {1.0, -0.5, 0.25, 2.0, 0.5, 1.0, -1.0, 0.3, 0.2, 0.1, 1.5, -0.4, 0.7, -0.2, 0.6, 1.1}> ()
+    c = Conv(X, W)
+    a = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1> (c)
+    A = Conv(a, W)
+    b = AveragePool <kernel_shape = [2, 2], strides = [2, 2]> (c)
+    B = Conv(b, W)
+    e = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (c)
+    C = Conv(e, W)
+    d = AveragePool <kernel_shape = [3, 3], strides = [2, 2], ceil_mode = 1> (c)
+    D = Conv(d, W)
+}
+"""
+
+
+def test_an_average_pool_becomes_a_depthwise_conv_where_it_computes_the_same() -> None:
+    x = np.random.default_rng(6).normal(0, 1, (3, 4, 8, 8)).astype(np.float32)
+    model, _ = run_passes(load_onnx_text(POOLS), get_passes("canonicalize"))
+    before = outputs(model, x)
+    done, kept = Quantizer().set_global(PRESETS[DEFAULT_PRESET]).decompose(model)
+    assert [d["into"] for d in done] == ["Conv 'node_1'", "Conv 'node_3'"]  # padded windows counted; no padding
+    assert [k["reason"] for k in kept] == [
+        "not decomposed into Conv (depthwise): its padded windows divide by the elements inside the input "
+        "(count_include_pad=0), not the window",
+        "not decomposed into Conv (depthwise): ceil_mode=1: its last windows hang over the edge",
+    ]
+    convs = [n for n in model.graph if n.name in ("node_1", "node_3")]
+    assert [n.attributes["group"].as_int() for n in convs] == [4, 4]
+    window = convs[0].inputs[1].const_value.numpy()  # type: ignore[union-attr]
+    assert window.shape == (4, 1, 3, 3) and (window == np.float32(1 / 9)).all()
+    for a, b in zip(before, outputs(model, x), strict=True):  # the same function, in float
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_decomposed_average_pool_runs_as_an_int8_depthwise_conv() -> None:
+    x = np.random.default_rng(7).normal(0, 1, (16, 4, 8, 8)).astype(np.float32)
+    result = requant.api.quantize(onnx.parser.parse_model(POOLS), {"X": x}, measure=False)
+    lint = result.report["lint"]
+    # 5 convs and the 2 pools rewritten; the 2 kept stay QLinearAveragePool
+    assert lint["int8_kernels"] == {"QLinearConv": 7, "QLinearAveragePool": 2}
+    float_a = outputs(load_onnx_text(POOLS), x)[0]
+    int8_a = outputs(result.model, x)[0]
+    scales = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
+    # c, the pool's average and A each rounded once (half a step), and the weights' own rounding
+    assert np.abs(int8_a - float_a).max() <= 4 * float(scales["A_scale"])

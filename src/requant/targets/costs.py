@@ -19,7 +19,8 @@ arithmetic (ONNX Runtime merges chains of them, so they cannot be measured in ch
 Pools were measured in context, between two int8 convs (``bench/bench_placement.py``): a float
 MaxPool there brings NHWC transposes and NCHWc reorders besides its conversions, and was slower than
 ONNX Runtime's ``NhwcMaxPool`` in 5 of 6 cases (3x3, 5x5 and 13x13 windows on 56x56 and 13x13 maps;
-faster only with a 13x13 window on 56x56); a lone AveragePool there is fused whatever requant writes.
+faster only with a 13x13 window on 56x56); a lone AveragePool there is fused whatever requant writes
+(the target rewrites it as a depthwise conv where it can: ``AVERAGE_POOL_AS_DEPTHWISE``).
 
 ``fused_alone``: the ops ONNX Runtime fuses from ``DequantizeLinear -> op -> QuantizeLinear`` into its
 int8 op whatever the quantization parameters (its unary, binary and variadic QDQ selectors): such an

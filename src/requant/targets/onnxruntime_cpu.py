@@ -18,6 +18,7 @@ from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
 from requant.targets.decompose import (
+    AVERAGE_POOL_AS_DEPTHWISE,
     BATCHNORM_TO_MUL_ADD,
     DIV_TO_MUL,
     HARD_SIGMOID,
@@ -206,5 +207,8 @@ ONNXRUNTIME_CPU = SupportTable(
     "ONNXRUNTIME_CPU_SUPPORT",
     _patterns(),
     _weight_rule,
-    (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS, HARD_SIGMOID, HARD_SWISH, SPATIAL_MEAN),
+    (
+        *(DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS, HARD_SIGMOID, HARD_SWISH, SPATIAL_MEAN),
+        AVERAGE_POOL_AS_DEPTHWISE,
+    ),
 )
