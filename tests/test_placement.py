@@ -155,3 +155,17 @@ def test_a_data_movement_op_named_float_shares_nothing() -> None:
     assert isinstance(request(a), QuantizationSpec)  # the next conv's own request, not shared
     (record,) = [r for r in report.records if r.config == "FLOAT_PLACED"]
     assert [(d.nodes, d.status) for d in record.decisions] == [(["n1_MaxPool"], "accepted")]
+
+
+def test_what_the_report_says_onnx_runtime_fuses_anyway_it_does(tmp_path: Path) -> None:
+    path = Path(__file__).parent / "golden" / "placement" / "residual_sums.test"
+    text = "".join(line + "\n" for line in path.read_text().split(IR)[0].splitlines() if not line.startswith("#"))
+    model = ir.to_proto(load_onnx_text(text, path.name))
+    x = _samples((1, 4, 8, 8))
+    result = requant.quantize(model, [{"X": s["x"]} for s in x], measure=False, method="minmax")
+    priced = {p["nodes"][0]: p for p in result.report["quantizers"]["placements"] if p["by"] == "table"}
+    anyway = {name for name, p in priced.items() if "anyway" in p["why"]}
+    assert anyway == {"node_7"} and set(priced) == {"node_2", "node_4", "node_7"}
+    ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
+    assert ops.count("QLinearAdd") == len(anyway) and ops.count("Add") == len(priced) - len(anyway)
+    assert "ops kept float by the target's table for accuracy cost" in result.report["summary"]

@@ -48,7 +48,7 @@ from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
 from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
-from requant.quantizers.placement import Placement, place
+from requant.quantizers.placement import Placement, place, price_kept_float
 from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
 from requant.report.latency import interleaved_latency_ms, session
@@ -148,7 +148,8 @@ def _prepare(
             source, quantizer.with_float_nodes(floats, FLOAT_PLACED), target, strict, keep_float, smoothing,
             **load_options,
         )  # fmt: skip
-    prepared[1].placements = [p.to_json() for p in decided.values()]
+    kept = price_kept_float(prepared[0], costs)
+    prepared[1].placements = [p.to_json() for p in (*decided.values(), *kept)]
     return prepared
 
 
@@ -882,12 +883,19 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         )
     placed = report["quantizers"].get("placements", [])
     if placed:
-        floats = [p for p in placed if p["placed"] == "float"]
-        line = f"placement: {len(placed)} groups of int8 ops between kernels, {len(floats)} kept float"
+        groups = [p for p in placed if p.get("by", "cost") == "cost"]
+        floats = [p for p in groups if p["placed"] == "float"]
+        line = f"placement: {len(groups)} groups of int8 ops between kernels, {len(floats)} kept float"
         if floats:
             saved = sum(p["int8_us"] - p["float_us"] for p in floats)
             named = ", ".join("/".join(p["ops"]) for p in floats[:4]) + (", ..." if len(floats) > 4 else "")
             line += f" ({named}: modelled {saved:.1f} us faster)"
+        by_table = [p for p in placed if p.get("by") == "table" and "anyway" not in p["why"]]
+        if by_table:
+            price = sum(p["float_us"] - p["int8_us"] for p in by_table)
+            line += (
+                f"; {len(by_table)} ops kept float by the target's table for accuracy cost {price:.1f} us (modelled)"
+            )
         lines.append(line)
     tosa = report.get("tosa")
     if tosa:

@@ -7,9 +7,9 @@ ways with the target's cost model (:mod:`requant.targets.costs`):
 
 - int8, as annotated: each op's int8 cost, a QuantizeLinear for each value entering from a float
   producer (a graph input, a float op), a DequantizeLinear for each float reader of a value leaving;
-- float: each op's float cost, a DequantizeLinear for each read of a value that stays quantized
-  (an int8 kernel writes it, or one reads it), a QuantizeLinear for a value the group makes that an
-  int8 kernel reads.
+- float: each op's float cost, a DequantizeLinear for each read of a value an int8 kernel writes,
+  a QuantizeLinear for a float value (made in the group or by a float op) that an int8 kernel reads
+  (float readers read a float value as it is).
 
 A group that is clearly cheaper in float (``FLOAT_MARGIN``) is kept float (:func:`place` returns
 its nodes; the API annotates the model again with them as ``FLOAT_PLACED``, which asks nothing of
@@ -35,7 +35,7 @@ from requant.ir.traits import WEIGHTED, data_inputs
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 from requant.targets.costs import CostModel
 
-__all__ = ["FLOAT_MARGIN", "Placement", "place"]
+__all__ = ["FLOAT_MARGIN", "Placement", "place", "price_kept_float"]
 
 SHARED = "SharedSpecQuantizer"  # its mark on the data-movement ops it annotates
 
@@ -56,6 +56,7 @@ class Placement:
     int8_us: float | None = None
     float_us: float | None = None
     why: str = ""
+    by: str = "cost"  # "cost": placement decided; "table": the target's table kept it float, priced here
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class Placement:
             "int8_us": None if self.int8_us is None else round(self.int8_us, 2),
             "float_us": None if self.float_us is None else round(self.float_us, 2),
             "why": self.why,
+            "by": self.by,
         }
 
 
@@ -147,15 +149,15 @@ def _reads(value: ir.Value, inside: set[ir.Node]) -> tuple[int, int, int]:
 
 def _fused_anyway(node: ir.Node, inside: set[ir.Node], costs: CostModel) -> bool:
     """Whether ONNX Runtime would fuse ``node`` into its int8 op even if kept float: every data input
-    read through a DequantizeLinear (it stays quantized: an int8 kernel writes or reads it) and every
-    output read only by int8 kernels, through a QuantizeLinear."""
+    read through a DequantizeLinear (an int8 kernel writes it) and every output read only by int8
+    kernels, through a QuantizeLinear."""
     if node.op_type not in costs.fused_alone:
         return False
     for i in data_inputs(node):
         v = node.inputs[i]
         if v is None or constant(v) is not None:
             continue
-        if v.producer() in inside or not (_int8(v.producer()) or _reads(v, inside)[1]):
+        if v.producer() in inside or not _int8(v.producer()):
             return False
     for out in node.outputs:
         reads_inside, reads_int8, reads_float = _reads(out, inside)
@@ -198,11 +200,12 @@ def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
         if not made_inside and not int8_producer:
             int8_us += q
         int8_us += reads_float * dq
-        # float: the value stays quantized only if an int8 kernel writes or reads it
-        if int8_producer or reads_int8:
-            if not int8_producer:
-                float_us += q
+        # float: an int8 kernel's value is read through DequantizeLinears; a float one is read as it is,
+        # and quantized once if an int8 kernel reads it
+        if int8_producer:
             float_us += (reads_inside + reads_float) * dq
+        elif reads_int8:
+            float_us += q
     return int8_us, float_us
 
 
@@ -238,3 +241,28 @@ def place(model: ir.Model, costs: CostModel) -> list[Placement]:
             why = f"int8 is cheaper: {int8_us:.1f} us against {float_us:.1f} us in float (modelled)"
             placements.append(Placement(names, ops, "int8", int8_us, float_us, why))
     return placements
+
+
+def price_kept_float(model: ir.Model, costs: CostModel) -> list[Placement]:
+    """The ops the target's table kept float (a residual sum, for accuracy) between conversions, where
+    the runtime has an int8 op for them: what that decision costs, modelled, for the report."""
+    priced = []
+    for node in model.graph:
+        reason = node.metadata_props.get(KEPT_FLOAT_KEY)
+        if reason is None or node.op_type not in costs.int8_ops or node.domain not in DEFAULT_DOMAINS:
+            continue
+        values = [node.inputs[i] for i in data_inputs(node)] + list(node.outputs)
+        if not all(_quantized(v) or constant(v) is not None for v in values if v is not None):
+            continue
+        name = node.name or node.op_type
+        prices = _price([node], costs)
+        if isinstance(prices, str):
+            continue
+        int8_us, float_us = prices
+        why = f"kept float by the target's table ({reason.split(':')[0]})"
+        if _fused_anyway(node, {node}, costs):
+            why += f"; ONNX Runtime fuses it into its int8 {node.op_type} anyway (the same single rounding)"
+        else:
+            why += f": {float_us - int8_us:+.1f} us against its int8 op (modelled)"
+        priced.append(Placement([name], [node.op_type], "float", int8_us, float_us, why, by="table"))
+    return priced
