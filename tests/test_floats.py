@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import struct
 from fractions import Fraction
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from requant.types.floats import FLOAT_FORMATS, format_float, round_to_format
+from requant.types.floats import FLOAT_FORMATS, _reads_back, format_float, round_to_format
 
 ML_DTYPES = {
     "f16": np.float16,
@@ -113,3 +114,28 @@ def test_reading_a_double_back_needs_no_fractions(value: float) -> None:
     num, den = abs(value).as_integer_ratio()
     text = _to_string(value < 0, num, -(den.bit_length() - 1), 53, 6, 0, False)
     assert (float(text) == value) == _same(round_to_format(Fraction(text), F64), value)
+
+
+@pytest.mark.parametrize("name", ["f32", "f16"])
+@given(st.integers(0, 2**16 - 1), st.integers(1, 7))
+def test_the_fast_read_back_check_agrees_with_exact_rounding(name: str, bits: int, digits: int) -> None:
+    # format_float asks whether a decimal text reads back to the value; numpy's rounding of the parsed
+    # double must give what rounding the text exactly gives, also for texts halfway between two values
+    native = ML_DTYPES[name]
+    fmt = FLOAT_FORMATS[name]
+    if name == "f32":
+        bits = bits << 15 | 0x3000_0000  # scales around 1e-9 .. 1e-1: what per-channel types hold
+    value = native(np.array(bits, np.uint32 if name == "f32" else np.uint16).view(native))
+    if not np.isfinite(value) or value == 0:
+        return
+    above = np.nextafter(value, native(np.inf))
+    halfway = (Fraction(float(value)) + Fraction(float(above))) / 2
+    with decimal.localcontext() as context:
+        context.prec = 400
+        exact = decimal.Decimal(halfway.numerator) / decimal.Decimal(halfway.denominator)  # a binary fraction: exact
+    # just above and below halfway: these parse to the halfway double, and rounding that again ties to even
+    near = [f"{exact:f}" + "0" * 30 + "1", str(exact - decimal.Decimal(10) ** -(60 - exact.adjusted()))]
+    for text in (f"{float(value):.{digits}e}", f"{float(above):.{digits}e}", str(float(halfway)), *near):
+        for target in (float(value), float(above)):
+            exact = round_to_format(Fraction(text), fmt)
+            assert _reads_back(text, target, fmt) == (exact is not None and exact == Fraction(target)), text

@@ -255,6 +255,7 @@ def _encode_one(
     signal = float((data**2).sum())
     rounded_db = _sqnr(signal, float(((rows_f - (stored - zero_points[:, None]) * scales[:, None]) ** 2).sum()))
     acc = rule.accumulation if rule is not None else None
+    over, margin = acc.overflow_and_margin(stored, lo, hi) if acc is not None else (None, 2**31 - 1)
     record = WeightEncoding(
         node=str(node.name or node.op_type),
         weight=str(w.name),
@@ -263,7 +264,7 @@ def _encode_one(
         input_range=(xt.storage_min, xt.storage_max),
         encoding="full range",
         channels=int(rows_f.shape[0]),
-        margin=acc.margin(stored, lo, hi) if acc is not None else 2**31 - 1,
+        margin=margin,
         sqnr_db=rounded_db,
         encoded_sqnr_db=rounded_db,
     )
@@ -277,12 +278,13 @@ def _encode_one(
         why = "asymmetric weights" if zero_points.any() else str(not_rows)
         log.warning("%s: weights can saturate on %s and are not encoded: %s", record.node, kernels.cpus, why)
         return dataclasses.replace(record, encoding="not encoded", why=why)
-    over = acc.overflow(stored, lo, hi)
+    assert over is not None
     why = f"{_count(int((over > 0).sum()), 'pair')} in {_count(int((over > 0).any(axis=1).sum()), 'channel')} could "
     why += f"leave the int16 range (by up to {int(over.max())})"
     shared = isinstance(wt, UniformQuantizedType)
     q, factor = encode_rows(rows_f / scales[:, None], lo, hi, acc, wt.storage_min, wt.storage_max, shared)
-    if acc.overflow(q, lo, hi).max() > 0:
+    after, after_margin = acc.overflow_and_margin(q, lo, hi)
+    if after.max() > 0:
         raise AssertionError(f"{record.node}: the weight encoding broke its own proof")
     encoded = with_scales(wt, scales * factor)
     new_scales = _scales(encoded, len(factor))
@@ -293,7 +295,7 @@ def _encode_one(
     return dataclasses.replace(
         record,
         encoding="pair-safe",
-        margin=acc.margin(q, lo, hi),
+        margin=after_margin,
         encoded_sqnr_db=_sqnr(signal, noise),
         rescaled=int((factor > 1.0).sum()),
         largest_factor=float(factor.max()),

@@ -99,22 +99,24 @@ class Accumulation:
     def overflow(self, w: Array, lo: Bound, hi: Bound) -> Array:
         """By how much each pair of each row can leave the pair range at worst (``[N, pairs]``,
         0 where it cannot): the proof is ``overflow(...).max() == 0``. Always 0 when nothing pairs."""
-        w = np.asarray(w, np.int64)
-        if not self.saturates:
-            return np.zeros((w.shape[0], (w.shape[-1] + 1) // 2), np.int64)
-        top, bottom = self.pair_extremes(w, lo, hi)
-        low, high = self.pair_limits
-        worst: Array = np.maximum(np.maximum(top - high, low - bottom), 0)
-        return worst
+        return self.overflow_and_margin(w, lo, hi)[0]
 
     def margin(self, w: Array, lo: Bound, hi: Bound) -> int:
         """How far the closest pair stays from the pair range (negative: by how much one can leave it)."""
+        return self.overflow_and_margin(w, lo, hi)[1]
+
+    def overflow_and_margin(self, w: Array, lo: Bound, hi: Bound) -> tuple[Array, int]:
+        """``overflow`` and ``margin`` from one pass over ``w`` (a large weight's pair extremes are
+        most of the proof's time)."""
         w = np.asarray(w, np.int64)
-        if not self.saturates or w.size == 0:
-            return int(self.pair_limits[1])
+        if not self.saturates:
+            return np.zeros((w.shape[0], (w.shape[-1] + 1) // 2), np.int64), int(self.pair_limits[1])
         top, bottom = self.pair_extremes(w, lo, hi)
         low, high = self.pair_limits
-        return int(min((high - top).min(), (bottom - low).min()))
+        worst: Array = np.maximum(np.maximum(top - high, low - bottom), 0)
+        if w.size == 0:
+            return worst, int(high)
+        return worst, int(min((high - top).min(), (bottom - low).min()))
 
 
 def _numbers(array: Array) -> Array:

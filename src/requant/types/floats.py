@@ -126,7 +126,7 @@ def round_to_format(value: Fraction | float, fmt: FloatFormat) -> Fraction | Non
     return sign * r
 
 
-_NUMPY_NATIVE = {"f16": np.float16, "f32": np.float32}
+_NUMPY_NATIVE: dict[str, type[np.float16] | type[np.float32]] = {"f16": np.float16, "f32": np.float32}
 
 
 def round_array_to_format(values: npt.NDArray[np.float64], fmt: FloatFormat) -> npt.NDArray[np.float64]:
@@ -233,6 +233,31 @@ def _same(a: Fraction | None, value: float) -> bool:
     return a is not None and a == Fraction(value) and (value != 0 or a == 0)
 
 
+def _reads_back(text: str, value: float, fmt: FloatFormat) -> bool:
+    """Whether decimal ``text`` rounds (to nearest, ties to even) to ``value`` in ``fmt``.
+
+    ``round_to_format`` on the text's exact Fraction costs ~40 us a value (a per-channel type prints
+    thousands). Python's ``float()`` parses correctly rounded, so for doubles it is the answer; for
+    f32 and f16, numpy rounds that double once more, which is the text's own rounding unless the
+    double lies exactly halfway between two values of ``fmt`` (rounding twice could then go the other
+    way): only then the Fractions decide."""
+    parsed = float(text)
+    if fmt.name == "f64":
+        return parsed == value
+    native = _NUMPY_NATIVE.get(fmt.name)
+    if native is not None and math.isfinite(parsed):
+        with np.errstate(over="ignore"):
+            nearest = native(parsed)
+        if float(nearest) != parsed:
+            toward = native(math.inf) if parsed > float(nearest) else native(-math.inf)
+            beside = np.nextafter(nearest, toward)
+            if 2.0 * parsed != float(nearest) + float(beside):  # exact: adjacent values of fmt add exactly
+                return float(nearest) == value
+        elif float(nearest) == value:
+            return True
+    return _same(round_to_format(Fraction(text), fmt), value)
+
+
 def format_float(value: float, fmt: FloatFormat = F64, in_range: tuple[float, float] | None = None) -> str:
     """Print ``value`` (exactly representable in ``fmt``) as MLIR's ``printFloatValue``.
 
@@ -262,11 +287,7 @@ def format_float(value: float, fmt: FloatFormat = F64, in_range: tuple[float, fl
             return in_range is None or in_range[0] <= float(text) <= in_range[1]
 
         text = _to_string(negative, num, exp, fmt.precision, 6, 0, False)
-        # Python's float() parses correctly rounded (to nearest, ties to even): for doubles it is
-        # round_to_format without the Fractions, which cost ~40 us a value (a per-channel type
-        # prints hundreds of them).
-        reads_back = float(text) == value if fmt.name == "f64" else _same(round_to_format(Fraction(text), fmt), value)
-        if reads_back and readable(text):
+        if _reads_back(text, value, fmt) and readable(text):
             return text
         text = _to_string(negative, num, exp, fmt.precision, 0, 3, True)
         if "." in text and readable(text):
