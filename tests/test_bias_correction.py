@@ -10,6 +10,7 @@ import onnx.numpy_helper
 import onnx.parser
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 
 import requant.api
 from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
@@ -246,3 +247,37 @@ def test_a_pass_started_from_an_earlier_ones_sums_runs_only_the_samples_after() 
     again = staged.model.clone()
     correct_biases(again, staged.floats, samples, 20, sums=other)
     assert biases(again) == biases(whole) and other.samples == 20
+
+
+def test_auto_keeps_a_bias_correction_only_where_it_brings_the_output_closer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a correction that pushes every int8 bias 300 steps off: the held-out samples show it worse than
+    # none, and the model is the one without correction (each kernel still measured, none corrected)
+    with np.load(DIGITS / "calib.npz") as data:
+        samples = {"x": data["x"][:200]}
+    plain = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False, bias_correction=False)
+    helped = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False)
+    assert helped.report["method_choice"]["bias_correction_kept"] is True
+    assert (
+        helped.report["method_choice"]["corrected_sqnr_db"]
+        >= helped.report["method_choice"]["uncorrected_sqnr_db"][helped.report["method_choice"]["chosen"]]
+    )
+    real = requant.api.correct_biases
+
+    def wrong(model: ir.Model, *args: object, **kwargs: object) -> object:
+        done = real(model, *args, **kwargs)  # type: ignore[arg-type]
+        for node in model.graph:
+            if node.op_type == "DequantizeLinear" and node.inputs[0] is not None:
+                stored = node.inputs[0].const_value
+                if stored is not None and stored.dtype == ir.DataType.INT32:
+                    node.inputs[0].const_value = ir.tensor(stored.numpy() + 300, name=node.inputs[0].name)
+        return done
+
+    monkeypatch.setattr(requant.api, "correct_biases", wrong)
+    hurt = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False)
+    choice = hurt.report["method_choice"]
+    assert choice["bias_correction_kept"] is False
+    assert choice["corrected_sqnr_db"] < choice["uncorrected_sqnr_db"][choice["chosen"]]
+    kernels = hurt.report["bias_correction"]["kernels"]
+    assert kernels and not any(k["corrected"] for k in kernels)  # measured (local SQNRs), not applied
+    assert ir.to_proto(hurt.model).SerializeToString() == ir.to_proto(plain.model).SerializeToString()
+    assert "bias correction not applied: it moved the output further from float" in hurt.report["summary"]

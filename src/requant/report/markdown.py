@@ -67,7 +67,14 @@ def method_summary(choice: Mapping[str, Any]) -> str:
     which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"
     corrected = f", biases corrected on {choice['sketch_samples']}" if choice.get("biases_corrected") else ""
     on = f"{choice['samples']} {which}{corrected}"
-    return f"auto -> {choice['chosen']} (the output's SQNR against float on {on}: {scores})"
+    line = f"auto -> {choice['chosen']} (the output's SQNR against float on {on}: {scores})"
+    if choice.get("bias_correction_kept") is False:
+        before = choice["uncorrected_sqnr_db"][choice["chosen"]]
+        line += (
+            f"; bias correction not applied: it moved the output further from float on those samples "
+            f"({before:.1f} -> {choice['corrected_sqnr_db']:.1f} dB)"
+        )
+    return line
 
 
 def encoding_summary(section: Mapping[str, Any]) -> str:
