@@ -169,3 +169,20 @@ def test_what_the_report_says_onnx_runtime_fuses_anyway_it_does(tmp_path: Path) 
     ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
     assert ops.count("QLinearAdd") == len(anyway) and ops.count("Add") == len(priced) - len(anyway)
     assert "ops kept float by the target's table for accuracy cost" in result.report["summary"]
+
+
+def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
+    # a symbolic batch counts as 1 (the costs are per run at batch 1); a symbolic image size is not priced
+    model = parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N,8,H,W] x) => (float[N,8,H,W] y) {
+      t = Tanh(x)
+      s = Sigmoid(t)
+      y = Tanh(s)
+    }""")
+    (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
+    assert group["placed"] == "as annotated" and "no static shape after its batch" in group["why"]
+    batch_only = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 16, 16])
+    model.graph.input[0].CopyFrom(batch_only)
+    (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
+    assert group["placed"] == "float"

@@ -18,7 +18,8 @@ so such a group is both faster and closer to the float model. Each group's decis
 both prices. A group whose sizes are not known (no static shape) is left as annotated, and said so;
 so is a lone op ONNX Runtime fuses into its int8 op whatever requant writes.
 
-Values are counted per sample (a symbolic dimension counts 1), as the model runs at batch 1.
+Values are counted per sample, at batch 1 (the cost model's measurements); a group with any other
+dimension symbolic is left as annotated.
 """
 
 from __future__ import annotations
@@ -118,10 +119,17 @@ def _groups(members: list[ir.Node]) -> list[list[ir.Node]]:
     return list(groups.values())
 
 
+def _size(value: ir.Value | None) -> int | None:
+    """``value``'s elements at batch 1: None unless every dimension but the first is known (a
+    sequence or image size left symbolic would price everything at one element)."""
+    if value is None or value.shape is None or any(not isinstance(d, int) for d in list(value.shape)[1:]):
+        return None
+    return static_elements(value)
+
+
 def _elements(node: ir.Node) -> int | None:
     """What ``node``'s cost scales with: its output's elements (its input's for GlobalAveragePool)."""
-    value = node.inputs[0] if node.op_type == "GlobalAveragePool" else node.outputs[0]
-    return static_elements(value) if value is not None else None
+    return _size(node.inputs[0] if node.op_type == "GlobalAveragePool" else node.outputs[0])
 
 
 def _folded(node: ir.Node) -> bool:
@@ -173,7 +181,7 @@ def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
     for node in group:
         elements = _elements(node)
         if elements is None:
-            return f"{node.op_type} '{node.name}' has no static shape"
+            return f"{node.op_type} '{node.name}' has no static shape after its batch"
         int8_us += 0.0 if _folded(node) else costs.op_us(node.op_type, True, elements)
         float_us += costs.op_us(node.op_type, False, elements)
     touched: dict[int, ir.Value] = {}
@@ -185,9 +193,9 @@ def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
         for v in node.outputs:
             touched.setdefault(id(v), v)
     for value in touched.values():
-        size = static_elements(value)
+        size = _size(value)
         if size is None:
-            return f"value '{value.name}' has no static shape"
+            return f"value '{value.name}' has no static shape after its batch"
         q, dq = costs.quantize.us(size), costs.dequantize.us(size)
         producer = value.producer()
         made_inside = producer in inside
