@@ -186,3 +186,25 @@ def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
     model.graph.input[0].CopyFrom(batch_only)
     (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
     assert group["placed"] == "float"
+
+
+def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
+    from requant.report.html import to_html
+
+    model = parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,8,16,16] x) => (float[1,8,16,16] y) {
+      t = Tanh(x)
+      s = Sigmoid(t)
+      y = Tanh(s)
+    }""")
+    result = requant.quantize(model, _samples((1, 8, 16, 16)), measure=False)
+    (group,) = result.report["quantizers"]["placements"]
+    int8_us, float_us = f"{group['int8_us']:.1f}", f"{group['float_us']:.1f}"
+    row = f"| Sigmoid | float | {int8_us} | {float_us} | float is cheaper: {float_us} us against {int8_us} us in int8 |"
+    assert row in to_markdown(result.report)
+    page = to_html(result.report)
+    assert "1 groups of int8 ops between kernels, placed by modelled cost (1 kept float)" in page
+    assert (
+        "placement: 1 groups of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
+    )
