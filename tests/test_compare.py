@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import subprocess
@@ -101,3 +102,23 @@ def test_another_tools_qdq_model_is_compared_too(tmp_path: Path) -> None:
     results = {r.name: r for r in compare(FLOAT, out, DIGITS / "eval.npz", samples=100)}
     assert {"x", "relu", "relu_1"} <= set(results)
     assert all(math.isfinite(r.sqnr_db) and r.sqnr_db > 10 for r in results.values())
+
+
+def test_the_page_shows_each_tensors_sqnr_in_graph_order(outputs: dict[str, Path], tmp_path: Path) -> None:
+    page = tmp_path / "compare.html"
+    command = [sys.executable, "-m", "requant", "compare", str(FLOAT), str(outputs["onnxruntime-cpu"]),
+               "--data", str(DIGITS / "eval.npz"), "--samples", "50", "--html", str(page)]  # fmt: skip
+    subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    text = html.unescape(page.read_text())
+    assert text.startswith("<!DOCTYPE html>") and text.count("<svg") == 1 and "</html>" in text
+    results = compare(FLOAT, outputs["onnxruntime-cpu"], DIGITS / "eval.npz", samples=50)
+    assert sorted(r.position for r in results) == list(range(6))  # each tensor's place in the graph
+    assert min(results, key=lambda r: r.position).name == "x"  # the input is quantized first
+    worst = results[0]
+    assert f"6 tensors compared; worst {worst.name!r} at {worst.sqnr_db:.1f} dB" in text
+    assert text.count("<tr>") == 1 + 6  # the header and every tensor (at most 30)
+    again = tmp_path / "again.html"
+    subprocess.run([*command[:-1], str(again)], capture_output=True, text=True, timeout=120, check=True)
+    assert again.read_bytes() == page.read_bytes()  # the same comparison, the same bytes
+    taken = subprocess.run([*command[:-1], str(FLOAT)], capture_output=True, text=True, timeout=120)
+    assert taken.returncode != 0 and "--html" in taken.stderr  # never over an input

@@ -16,7 +16,7 @@ import math
 import sys
 from typing import Any
 
-from requant.cli.parser import documented
+from requant.cli.parser import documented, write_all
 
 __all__ = ["register"]
 
@@ -34,6 +34,7 @@ def register(commands: Any) -> None:
     sub.add_argument("--samples", type=int, metavar="N", help="use the first N samples (default: all)")
     sub.add_argument("--top", type=int, default=20, metavar="K", help="print the K worst tensors (default 20)")
     sub.add_argument("--json", action="store_true", help="print every tensor as JSON")
+    sub.add_argument("--html", metavar="PAGE", help="also write a page with each tensor's SQNR in graph order")
     sub.set_defaults(run=run)
 
 
@@ -47,7 +48,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise RequantError(f"--samples must be at least 1, got {args.samples}")
+    if args.html is not None:  # before any work: a refused run writes nothing
+        from requant.frontends import check_outputs
+
+        check_outputs({"--html": args.html}, {"the float model": args.float, "the quantized model": args.quantized,
+                                              "the data": args.data})  # fmt: skip
     results = compare(args.float, args.quantized, args.data, args.samples)
+    if args.html is not None:
+        from requant.report.html import compare_to_html
+
+        write_all({args.html: compare_to_html([r.to_json() for r in results], title="requant compare")})
     if args.json:
         sys.stdout.write(json.dumps([r.to_json() for r in results], indent=2) + "\n")
         return 0

@@ -51,6 +51,7 @@ class TensorComparison:
     max_error: float = 0.0
     own_loss_db: float = 0.0  # SQNR of its worst source tensor minus its own (>= 0: the error grew here)
     sources: list[str] = field(default_factory=list)
+    position: int = 0  # where its QuantizeLinear is in the quantized model's graph (0: first)
     _signal: float = 0.0
     _noise: float = 0.0
     _dot: float = 0.0
@@ -169,7 +170,7 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
             "the quantized model quantizes no tensor the float model computes (compared by name: the input of "
             "each QuantizeLinear); is it a QDQ model of this float model?"
         )
-    results = {name: TensorComparison(name, _describe(marks[name], name)) for name in common}
+    results = {name: TensorComparison(name, _describe(marks[name], name), position=i) for i, name in enumerate(common)}
     inputs = {str(v.name) for v in reference.graph.inputs}
     computed = [name for name in common if name not in inputs]  # the inputs' values are the sample's
     float_run = session(_with_outputs(reference, computed))

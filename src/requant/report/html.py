@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from requant.errors import RequantError
 
-__all__ = ["HtmlReportError", "to_html"]
+__all__ = ["HtmlReportError", "compare_to_html", "to_html"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -352,6 +353,50 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
     for section in (_kernels, _weights, _ranges, _smoothing, _budget, _speed_and_size, _lint, _decisions):
         body += section(report)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+
+
+def compare_to_html(tensors: Sequence[Mapping[str, Any]], title: str = "requant compare") -> str:
+    """The page for ``requant compare``'s tensors (``TensorComparison.to_json()``): each tensor's SQNR
+    against float in graph order, the tensors where the error grows most marked, and the worst
+    tensors as a table."""
+    if not tensors:
+        raise HtmlReportError("no tensors to show: the comparison found none")
+    ordered = sorted(tensors, key=lambda t: t["position"])
+    finite = [t for t in ordered if math.isfinite(t["sqnr_db"])]
+    grew = sorted((t for t in finite if t["own_loss_db"] > 0), key=lambda t: -t["own_loss_db"])[:5]
+
+    def draw(axes: Any) -> None:
+        axes.plot([t["position"] for t in finite], [t["sqnr_db"] for t in finite], marker=".", color="#2e86c1")
+        for t in grew:
+            axes.annotate(t["name"][:28], (t["position"], t["sqnr_db"]), color="#c0392b", fontsize=7,
+                          xytext=(4, -10), textcoords="offset points")  # fmt: skip
+            axes.plot([t["position"]], [t["sqnr_db"]], marker="o", color="#c0392b")
+        axes.set_xlabel("tensor, in graph order")
+        axes.set_ylabel("SQNR against float (dB)")
+        axes.grid(alpha=0.3)
+
+    worst = sorted(tensors, key=lambda t: (t["sqnr_db"], t["name"]))[:30]
+    rows = [[t["name"], t["sqnr_db"], t["cosine"], t["max_error"], t["own_loss_db"], t["quantized_as"]] for t in worst]
+    summary = f"{len(tensors)} tensors compared; worst {worst[0]['name']!r} at {worst[0]['sqnr_db']:.1f} dB"
+    if grew:
+        summary += f"; the error grows most at {grew[0]['name']!r} ({grew[0]['own_loss_db']:.1f} dB below its inputs)"
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{html.escape(summary)}</p>",
+        _figure(
+            _svg(draw, 3.2),
+            "each quantized tensor's SQNR against the float model's tensor of that name, in graph "
+            "order; red: where the error grows most (the tensor's SQNR below its worst input's)",
+        ),
+        "<h2>Worst tensors</h2>",
+        _table(["tensor", "SQNR dB", "cosine", "max error", "own loss dB", "quantized as"], rows),
+    ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
