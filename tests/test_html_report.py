@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import requant
-from requant.report.html import HtmlReportError, to_html
+from requant.report.html import HtmlReportError, compare_to_html, to_html
 from tests.test_quantize import run_cli
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -74,6 +74,24 @@ def test_chromium_renders_the_page_with_its_charts(report: dict, tmp_path: Path)
     console = [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line]
     assert console == []  # no script errors, nothing failed to load
     assert dom.stdout.count("<svg") == 5 and "Accuracy budget" in dom.stdout  # the browser's DOM has the charts
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
+def test_chromium_renders_the_comparison_page(tmp_path: Path) -> None:
+    quantized = tmp_path / "digits_int8.onnx"
+    requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=quantized, measure=False)
+    results = requant.compare(DIGITS / "digits_cnn.onnx", quantized, DIGITS / "eval.npz", samples=50)
+    page = tmp_path / "compare.html"
+    page.write_text(compare_to_html([r.to_json() for r in results]), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as profile:
+        common = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+        shot = subprocess.run([*common, "--window-size=1200,900", f"--screenshot={tmp_path / 'page.png'}",
+                               page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+        dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0 and dom.returncode == 0, shot.stderr[-2000:]
+    assert _png_size(tmp_path / "page.png") == (1200, 900) and (tmp_path / "page.png").stat().st_size > 30_000
+    assert [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line] == []
+    assert dom.stdout.count("<svg") == 1 and dom.stdout.count("<tr>") == 1 + len(results)
 
 
 def test_the_cli_writes_the_page_from_a_saved_report(report: dict, tmp_path: Path) -> None:
