@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -249,6 +250,22 @@ def test_a_pass_started_from_an_earlier_ones_sums_runs_only_the_samples_after() 
     assert biases(again) == biases(whole) and other.samples == 20
 
 
+def _off_by(steps: int, real: Any) -> Any:
+    """``correct_biases`` that, after correcting, moves every int32 bias ``steps`` steps further: a
+    correction gone wrong."""
+
+    def wrong(model: ir.Model, *args: object, **kwargs: object) -> object:
+        done = real(model, *args, **kwargs)
+        for node in model.graph:
+            if node.op_type == "DequantizeLinear" and node.inputs[0] is not None:
+                stored = node.inputs[0].const_value
+                if stored is not None and stored.dtype == ir.DataType.INT32:
+                    node.inputs[0].const_value = ir.tensor(stored.numpy() + steps, name=node.inputs[0].name)
+        return done
+
+    return wrong
+
+
 def test_auto_keeps_a_bias_correction_only_where_it_brings_the_output_closer(monkeypatch: pytest.MonkeyPatch) -> None:
     # a correction that pushes every int8 bias 300 steps off: the held-out samples show it worse than
     # none, and the model is the one without correction (each kernel still measured, none corrected)
@@ -261,18 +278,7 @@ def test_auto_keeps_a_bias_correction_only_where_it_brings_the_output_closer(mon
         helped.report["method_choice"]["corrected_sqnr_db"]
         >= helped.report["method_choice"]["uncorrected_sqnr_db"][helped.report["method_choice"]["chosen"]]
     )
-    real = requant.api.correct_biases
-
-    def wrong(model: ir.Model, *args: object, **kwargs: object) -> object:
-        done = real(model, *args, **kwargs)  # type: ignore[arg-type]
-        for node in model.graph:
-            if node.op_type == "DequantizeLinear" and node.inputs[0] is not None:
-                stored = node.inputs[0].const_value
-                if stored is not None and stored.dtype == ir.DataType.INT32:
-                    node.inputs[0].const_value = ir.tensor(stored.numpy() + 300, name=node.inputs[0].name)
-        return done
-
-    monkeypatch.setattr(requant.api, "correct_biases", wrong)
+    monkeypatch.setattr(requant.api, "correct_biases", _off_by(300, requant.api.correct_biases))
     hurt = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False)
     choice = hurt.report["method_choice"]
     assert choice["bias_correction_kept"] is False
@@ -281,3 +287,16 @@ def test_auto_keeps_a_bias_correction_only_where_it_brings_the_output_closer(mon
     assert kernels and not any(k["corrected"] for k in kernels)  # measured (local SQNRs), not applied
     assert ir.to_proto(hurt.model).SerializeToString() == ir.to_proto(plain.model).SerializeToString()
     assert "bias correction not applied: it moved the output further from float" in hurt.report["summary"]
+
+
+def test_a_second_pass_does_not_apply_a_correction_auto_found_harmful(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --keep-float-below quantizes again with auto's method: without auto's held-out samples, it must
+    # not bring back the correction auto dropped
+    with np.load(DIGITS / "calib.npz") as data:
+        samples = {"x": data["x"][:200]}
+    monkeypatch.setattr(requant.api, "correct_biases", _off_by(300, requant.api.correct_biases))
+    result = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False, keep_float_below=39)
+    assert len(result.report["bias_correction"]["kernels"]) == 2  # measured in the second pass, one kept float
+    assert result.report["method_choice"]["bias_correction_kept"] is False
+    assert result.report["kept_float_below"]["kernels"]  # a second pass ran
+    assert not any(k["corrected"] for k in result.report["bias_correction"]["kernels"])

@@ -715,10 +715,12 @@ def quantize(
     measure_kernels = bias_correction or keep_float_below is not None or max_drop is not None
     cache = StatisticsCache()  # later passes (keep_float_below, max_drop) reuse the first one's statistics
 
+    correcting = bias_correction  # what `again` does: auto's check may have found the correction harmful
+
     def quantize_with(how: Quantizer, by: str | None, first: _Run | None) -> _Run:
         known = (first.float_proto, first.float_size) if first is not None else None  # the float model, once
         return _run(model, how, chosen_target, strict, calibration_data, by, progress, measure_kernels,
-                    bias_correction, keep_float_proto, load_options, cache, known, smoothing)  # fmt: skip
+                    correcting, keep_float_proto, load_options, cache, known, smoothing)  # fmt: skip
 
     def again(first: _Run, floats: list[str]) -> _Run:
         return quantize_with(quantizer.with_float_nodes(floats), method, first)
@@ -729,6 +731,7 @@ def quantize(
                                                progress, measure_kernels, bias_correction, load_options, cache,
                                                smoothing)  # fmt: skip
         log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])  # `again` uses it
+        correcting = bias_correction and method_choice.get("bias_correction_kept") is not False
     else:
         run = quantize_with(quantizer, method, None)
     low = [k for k in run.converted.kernels if keep_float_below is not None and k.sqnr_db < keep_float_below]
