@@ -208,3 +208,14 @@ def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
     assert (
         "placement: 1 groups of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
     )
+
+
+def test_each_onnx_runtime_target_prices_with_its_own_cpus_costs() -> None:
+    from requant.targets.registry import get_target
+
+    avx2, vnni = get_target("onnxruntime-cpu").costs, get_target("onnxruntime-cpu-vnni").costs
+    assert avx2 is not None and vnni is not None and avx2 is not vnni
+    assert "AVX2" in avx2.name and "VNNI" in vnni.name
+    # measured: AVX-512's conversions cost a third of AVX2's per element; the QLinear ops the same
+    assert vnni.quantize.ns_per_element < avx2.quantize.ns_per_element / 2
+    assert get_target("tosa-int8").costs is None  # integer-only: nothing runs in float between kernels

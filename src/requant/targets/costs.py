@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ONNXRUNTIME_X86_COSTS", "CostModel", "OpCost"]
+__all__ = ["ONNXRUNTIME_X86_COSTS", "ONNXRUNTIME_X86_VNNI_COSTS", "CostModel", "OpCost"]
 
 
 @dataclass(frozen=True)
@@ -100,4 +100,35 @@ ONNXRUNTIME_X86_COSTS = CostModel(
     fused_alone=frozenset(
         {"Add", "Mul", "Sigmoid", "LeakyRelu", "Softmax", "AveragePool", "GlobalAveragePool", "Concat"}
     ),
+)
+
+
+_VNNI_PAIR = OpCost(0.40, 0.116)  # AVX-512 conversions: a third of the AVX2 ones' per-element cost
+
+# The same ops with ONNX Runtime's own kernel choice on a CPU with AVX512-VNNI (AMD EPYC Zen 5; the
+# onnxruntime-cpu-vnni target's CPUs), bench/bench_op_costs.py without the AVX2 copy, 2026-11-25
+# (bench/results_2026-11-25_op_costs_vnni.json). The int8 elementwise ops cost what they cost with
+# AVX2; the conversions and the float pools are cheaper.
+ONNXRUNTIME_X86_VNNI_COSTS = CostModel(
+    name="ONNX Runtime 1.31 CPU, AVX512-VNNI kernels, 2 threads (bench/bench_op_costs.py, 2026-11-25)",
+    float_ops={
+        "Add": OpCost(0.29, 0.050),
+        "Mul": OpCost(0.30, 0.051),
+        "Sigmoid": OpCost(0.50, 0.107),
+        "LeakyRelu": OpCost(0.43, 0.086),
+        "Softmax": OpCost(4.91, 0.245),
+        "GlobalAveragePool": OpCost(2.16, 0.010),
+    },
+    int8_ops={
+        "Add": OpCost(0.39, 0.044),
+        "Mul": OpCost(0.54, 0.084),
+        "Sigmoid": OpCost(0.53, 0.113),
+        "LeakyRelu": OpCost(0.53, 0.114),
+        "Softmax": OpCost(3.26, 0.988),
+        "GlobalAveragePool": OpCost(0.95, 0.015),
+    },
+    quantize=OpCost(_VNNI_PAIR.fixed_us / 2, _VNNI_PAIR.ns_per_element / 2),
+    dequantize=OpCost(_VNNI_PAIR.fixed_us / 2, _VNNI_PAIR.ns_per_element / 2),
+    free=ONNXRUNTIME_X86_COSTS.free,
+    fused_alone=ONNXRUNTIME_X86_COSTS.fused_alone,
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from requant.errors import RequantError
-from requant.targets.costs import ONNXRUNTIME_X86_COSTS, CostModel
+from requant.targets.costs import ONNXRUNTIME_X86_COSTS, ONNXRUNTIME_X86_VNNI_COSTS, CostModel
 from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, KernelModel
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
@@ -66,7 +66,7 @@ TARGETS: dict[str, Target] = {
             ONNXRUNTIME_CPU,
             ONNXRUNTIME_X86_VNNI,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_FLOAT_OUTPUTS"),
-            costs=ONNXRUNTIME_X86_COSTS,
+            costs=ONNXRUNTIME_X86_VNNI_COSTS,
         ),
         Target(
             "tosa-int8",
