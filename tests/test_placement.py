@@ -7,6 +7,7 @@ as annotated after placement (``# expected ir:``) and each group's decision with
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -169,6 +170,11 @@ def test_what_the_report_says_onnx_runtime_fuses_anyway_it_does(tmp_path: Path) 
     ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
     assert ops.count("QLinearAdd") == len(anyway) and ops.count("Add") == len(priced) - len(anyway)
     assert "ops kept float by the target's table for accuracy cost" in result.report["summary"]
+    from requant.report.html import to_html
+
+    assert "0 groups of int8 ops between kernels, placed by modelled cost (0 kept float); 3 ops the target" in (
+        html.unescape(to_html(result.report))
+    )
 
 
 def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:

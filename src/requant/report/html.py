@@ -328,17 +328,23 @@ def _decisions(report: Mapping[str, Any]) -> list[str]:
         for d in record.get("decisions", []):
             rows.append([", ".join(d["nodes"]), d["pattern"], d["status"], d.get("reason", "")])
     decomposed = [[d["node"], d["into"], d.get("why", "")] for d in quantizers.get("decomposed", [])]
+    placements = quantizers.get("placements", [])
     placed = [
-        [", ".join(p["nodes"]), ", ".join(p["ops"]), p["placed"], f"{p['int8_us']}", f"{p['float_us']}", p["why"]]
-        for p in quantizers.get("placements", [])
-    ]
+        [", ".join(p["nodes"]), ", ".join(p["ops"]), p["placed"], p.get("by", "cost"), f"{p['int8_us']}",
+         f"{p['float_us']}", p["why"]]
+        for p in placements
+    ]  # fmt: skip
+    groups = [p for p in placements if p.get("by", "cost") == "cost"]
     parts = ["<h2>Decisions</h2>"]
     if decomposed:
         parts.append(_table(["node", "rewritten into", "why"], decomposed))
     if placed:
-        parts.append(f"<details><summary>{len(placed)} groups of int8 ops between kernels, placed by modelled "
-                     f"cost ({sum(1 for p in placed if p[2] == 'float')} kept float)</summary>")  # fmt: skip
-        parts.append(_table(["nodes", "ops", "placed", "int8 us", "float us", "why"], placed) + "</details>")
+        by_table = len(placements) - len(groups)
+        parts.append(f"<details><summary>{len(groups)} groups of int8 ops between kernels, placed by modelled "
+                     f"cost ({sum(1 for p in groups if p['placed'] == 'float')} kept float)"
+                     + (f"; {by_table} ops the target's table keeps float, priced" if by_table else "")
+                     + "</summary>")  # fmt: skip
+        parts.append(_table(["nodes", "ops", "placed", "by", "int8 us", "float us", "why"], placed) + "</details>")
     if rows:
         rejected = sum(1 for r in rows if r[2] != "accepted")
         parts.append(f"<details><summary>{len(rows)} decisions ({rejected} not accepted)</summary>")
