@@ -234,25 +234,29 @@ def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path, capsys: pytest
 @needs_tools
 @pytest.mark.tosa
 @pytest.mark.models
-def test_mobilenet_v2_as_integer_tosa() -> None:
-    """MobileNetV2 (ImageNet weights; 48 calibration / 32 evaluation crops of the bench photos) lowered
-    to integer-only TOSA: accepted by mlir-opt, run by IREE bit for bit as the interpreter, and as
-    close to float as requant's ONNX Runtime output (goal: top-1 agreement within 2 points)."""
+@pytest.mark.parametrize(("make", "depthwise"), [("mobilenet_v2", 17), ("efficientnet_lite0", 16)])
+def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
+    """MobileNetV2 and EfficientNet-Lite0 (ImageNet weights; 48 calibration / 32 evaluation crops of the
+    bench photos) lowered to integer-only TOSA: accepted by mlir-opt, run by IREE bit for bit as the
+    interpreter, and as close to float as requant's ONNX Runtime output (goal: top-1 agreement within
+    2 points)."""
     torch = pytest.importorskip("torch")
     from bench.bench_quantize import crops
 
+    from tests.models.efficientnet import make_efficientnet_lite0
     from tests.models.mobilenet import make_mobilenet_v2
 
+    net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[make]()
     images = crops(80, seed=2)
     dims = ({0: torch.export.Dim("batch")},)
-    model = requant.load(make_mobilenet_v2(), example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
+    model = requant.load(net, example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
     key = str(model.graph.inputs[0].name)
     calib = [{key: images[i : i + 1]} for i in range(48)]
     evaluation = [{key: images[i : i + 1]} for i in range(48, 80)]
     tosa = requant.api.quantize(model, calib, target="tosa-int8", measure=False)
     onnxruntime_output = requant.api.quantize(model, calib, eval_data=evaluation, measure=False)
     program = tosa.tosa
-    assert program is not None and tosa.report["tosa"]["ops"]["depthwise_conv2d"] == 17
+    assert program is not None and tosa.report["tosa"]["ops"]["depthwise_conv2d"] == depthwise
     text = tosa.mlir()
     validate_tosa(text)
     module = IreeModule(compile_iree(text))
