@@ -122,3 +122,14 @@ def test_the_page_shows_each_tensors_sqnr_in_graph_order(outputs: dict[str, Path
     assert again.read_bytes() == page.read_bytes()  # the same comparison, the same bytes
     taken = subprocess.run([*command[:-1], str(FLOAT)], capture_output=True, text=True, timeout=120)
     assert taken.returncode != 0 and "--html" in taken.stderr  # never over an input
+
+
+def test_the_report_compares_every_tensor_when_it_has_evaluation_data() -> None:
+    with_eval = requant.api.quantize(FLOAT, DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz", measure=False)
+    tensors = {t["name"]: t for t in with_eval.report["tensors"]}
+    assert set(tensors) == {"x", "relu", "max_pool2d", "_unsafe_view", "relu_1", "linear"}
+    alone = {r.name: r for r in compare(FLOAT, with_eval.model, DIGITS / "eval.npz", samples=16)}  # requant compare
+    assert set(alone) == set(tensors)  # the same records, up to float sums' order (two sessions' threads)
+    assert all(tensors[n]["sqnr_db"] == pytest.approx(r.sqnr_db, abs=1e-3) for n, r in alone.items())
+    without = requant.api.quantize(FLOAT, DIGITS / "calib.npz", measure=False)
+    assert "tensors" not in without.report

@@ -39,7 +39,8 @@ def test_the_page_is_self_contained_and_the_same_every_time(report: dict) -> Non
     page = to_html(report)
     assert "latency / float" in page
     assert page == to_html(report)  # the same bytes
-    assert page.count("<svg") == 5  # kernels, weights, activation ranges, budget, latency: inline SVG
+    # kernels, tensor by tensor (the evaluation data's), weights, activation ranges, budget, latency: inline SVG
+    assert page.count("<svg") == 6 and "Tensor by tensor" in page
     for section in ("Kernels against float", "Weights", "Activation ranges", "Accuracy budget", "Latency and size",
                     "What ONNX Runtime runs (lint)", "Decisions"):  # fmt: skip
         assert f"<h2>{section}</h2>" in page
@@ -73,7 +74,8 @@ def test_chromium_renders_the_page_with_its_charts(report: dict, tmp_path: Path)
     assert (tmp_path / "page.png").stat().st_size > 50_000  # charts and tables drawn, not a blank page
     console = [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line]
     assert console == []  # no script errors, nothing failed to load
-    assert dom.stdout.count("<svg") == 5 and "Accuracy budget" in dom.stdout  # the browser's DOM has the charts
+    # the browser's DOM has the charts
+    assert dom.stdout.count("<svg") == 6 and "Accuracy budget" in dom.stdout and "Tensor by tensor" in dom.stdout
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
@@ -99,7 +101,7 @@ def test_the_cli_writes_the_page_from_a_saved_report(report: dict, tmp_path: Pat
     saved.write_text(json.dumps(report))
     done = subprocess.run([sys.executable, "-m", "requant", "report", str(saved), "-o", str(tmp_path / "r.html")],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0 and (tmp_path / "r.html").read_text().count("<svg") == 5
+    assert done.returncode == 0 and (tmp_path / "r.html").read_text().count("<svg") == 6
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     refused = subprocess.run([sys.executable, "-m", "requant", "report", str(bad), "-o", str(tmp_path / "b.html")],

@@ -52,6 +52,7 @@ from requant.quantizers import Quantizer, QuantizerReport
 from requant.quantizers.placement import Placement, place, price_kept_float
 from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
+from requant.report.compare import CompareError, compare
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary, method_summary
@@ -380,6 +381,7 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
     return metrics
 
 
+TENSOR_SAMPLES = 16  # the evaluation samples every quantized tensor is compared on, for the report
 RANKING_SAMPLES = 64  # the calibration samples the budget's ranking measures each kernel's effect on
 SKETCH_SAMPLES = 8  # the samples each candidate of method="auto" has its biases corrected on, to compare
 # method="auto" compares its candidates with biases corrected only when their uncorrected SQNRs are
@@ -794,6 +796,13 @@ def quantize(
                 budget["latency_ms_before"] = budget["tries"][0]["latency_ms"]
         if eval_data is not None:
             report["evaluation"] = _agreement(quantized, reference, q_session, eval_data)
+            # tensor by tensor on the first evaluation samples, for the report's page (requant compare's records)
+            inputs, _ = _split_labels(eval_data, {str(v.name) for v in quantized.graph.inputs})
+            try:
+                tensors = compare(run.float_proto, quantized_proto, inputs, samples=TENSOR_SAMPLES)
+                report["tensors"] = [t.to_json() for t in tensors]
+            except CompareError as error:  # nothing quantized between QDQ pairs (a DynamicQuantizeLSTM alone)
+                log.info("no tensor-by-tensor comparison: %s", error)
     if budget is not None:
         report["accuracy_budget"] = budget
     if method_choice is not None:

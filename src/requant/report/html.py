@@ -357,7 +357,7 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     if not isinstance(report, Mapping) or "summary" not in report:
         raise HtmlReportError("not a requant report: it has no 'summary' (write one with --report-json)")
     body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
-    for section in (_kernels, _weights, _ranges, _smoothing, _budget, _speed_and_size, _lint, _decisions):
+    for section in (_kernels, _tensors, _weights, _ranges, _smoothing, _budget, _speed_and_size, _lint, _decisions):
         body += section(report)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -367,12 +367,8 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     )
 
 
-def compare_to_html(tensors: Sequence[Mapping[str, Any]], title: str = "requant compare") -> str:
-    """The page for ``requant compare``'s tensors (``TensorComparison.to_json()``): each tensor's SQNR
-    against float in graph order, the tensors where the error grows most marked, and the worst
-    tensors as a table."""
-    if not tensors:
-        raise HtmlReportError("no tensors to show: the comparison found none")
+def _tensor_chart(tensors: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:
+    """Each tensor's SQNR against float in graph order (SVG), and the five where the error grows most."""
     ordered = sorted(tensors, key=lambda t: t["position"])
     finite = [t for t in ordered if math.isfinite(t["sqnr_db"])]
     grew = sorted((t for t in finite if t["own_loss_db"] > 0), key=lambda t: -t["own_loss_db"])[:5]
@@ -387,6 +383,36 @@ def compare_to_html(tensors: Sequence[Mapping[str, Any]], title: str = "requant 
         axes.set_ylabel("SQNR against float (dB)")
         axes.grid(alpha=0.3)
 
+    return _svg(draw, 3.2), grew
+
+
+_TENSOR_CAPTION = (
+    "each quantized tensor's SQNR against the float model's tensor of that name, in graph order; red: where "
+    "the error grows most (the tensor's SQNR below its worst input's)"
+)
+
+
+def _tensors(report: Mapping[str, Any]) -> list[str]:
+    tensors = report.get("tensors")
+    if not tensors:
+        return []
+    svg, grew = _tensor_chart(tensors)
+    where = f": the error grows most at {grew[0]['name']!r}" if grew else ""
+    text = f"{len(tensors)} tensors on the first evaluation samples{html.escape(where)}"
+    return [
+        "<h2>Tensor by tensor</h2>",
+        f"<p>{text} (<code>requant compare</code> for the whole table)</p>",
+        _figure(svg, _TENSOR_CAPTION),
+    ]
+
+
+def compare_to_html(tensors: Sequence[Mapping[str, Any]], title: str = "requant compare") -> str:
+    """The page for ``requant compare``'s tensors (``TensorComparison.to_json()``): each tensor's SQNR
+    against float in graph order, the tensors where the error grows most marked, and the worst
+    tensors as a table."""
+    if not tensors:
+        raise HtmlReportError("no tensors to show: the comparison found none")
+    svg, grew = _tensor_chart(tensors)
     worst = sorted(tensors, key=lambda t: (t["sqnr_db"], t["name"]))[:30]
     rows = [[t["name"], t["sqnr_db"], t["cosine"], t["max_error"], t["own_loss_db"], t["quantized_as"]] for t in worst]
     summary = f"{len(tensors)} tensors compared; worst {worst[0]['name']!r} at {worst[0]['sqnr_db']:.1f} dB"
@@ -395,11 +421,7 @@ def compare_to_html(tensors: Sequence[Mapping[str, Any]], title: str = "requant 
     body = [
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{html.escape(summary)}</p>",
-        _figure(
-            _svg(draw, 3.2),
-            "each quantized tensor's SQNR against the float model's tensor of that name, in graph "
-            "order; red: where the error grows most (the tensor's SQNR below its worst input's)",
-        ),
+        _figure(svg, _TENSOR_CAPTION),
         "<h2>Worst tensors</h2>",
         _table(["tensor", "SQNR dB", "cosine", "max error", "own loss dB", "quantized as"], rows),
     ]
