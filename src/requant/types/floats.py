@@ -248,13 +248,12 @@ def _reads_back(text: str, value: float, fmt: FloatFormat) -> bool:
     if native is not None and math.isfinite(parsed):
         with np.errstate(over="ignore"):
             nearest = native(parsed)
-        if float(nearest) != parsed:
-            toward = native(math.inf) if parsed > float(nearest) else native(-math.inf)
-            beside = np.nextafter(nearest, toward)
-            if 2.0 * parsed != float(nearest) + float(beside):  # exact: adjacent values of fmt add exactly
-                return float(nearest) == value
-        elif float(nearest) == value:
-            return True
+        rounded = float(nearest)
+        if rounded == parsed:  # a value of fmt itself: the text's nearest too
+            return rounded == value
+        beside = np.nextafter(nearest, native(math.inf) if parsed > rounded else native(-math.inf))
+        if 2.0 * parsed != rounded + float(beside):  # exact: adjacent values of fmt add exactly
+            return rounded == value
     return _same(round_to_format(Fraction(text), fmt), value)
 
 
