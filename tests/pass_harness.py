@@ -28,6 +28,7 @@ from requant.errors import RequantError
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.passes import PassOptions, parse_pipeline, run_passes
+from tests.golden_file import header_value, model_text
 
 __all__ = ["PassCase", "check_numerics", "read_case", "run_case"]
 
@@ -46,16 +47,14 @@ class PassCase:
 
 def read_case(path: Path) -> PassCase:
     text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    pipeline = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("# pipeline:"))
+    pipeline = header_value(text, "pipeline")
     if EXPECTED_ERROR in text:
         head, _, tail = text.partition(EXPECTED_ERROR)
         expected = EXPECTED_ERROR + tail
     else:
         head, _, tail = text.partition(EXPECTED + "\n")
         expected = tail
-    model_text = "".join(line for line in head.splitlines(keepends=True) if not line.startswith("#"))
-    return PassCase(path, pipeline, model_text, expected, head)
+    return PassCase(path, pipeline, model_text(head), expected, head)
 
 
 def run_case(case: PassCase) -> tuple[str, ir.Model | None]:

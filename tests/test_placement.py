@@ -26,17 +26,16 @@ from requant.quantizers import QuantizationSpec, Quantizer
 from requant.quantizers.quantizer import FLOAT_KERNEL, FLOAT_PLACED
 from requant.report.latency import session
 from requant.report.markdown import to_markdown
+from tests.golden_file import check_sections, header_value, model_text
 
 CASES = sorted((Path(__file__).parent / "golden" / "placement").glob("*.test"))
 IR, PLACEMENTS = "# expected ir:\n", "# expected placements:\n"
 
 
 def run(path: Path) -> tuple[str, str, str]:
-    text = path.read_text()
-    head = text.split(IR)[0]
-    target = next(line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("# target:"))
-    model_text = "".join(line + "\n" for line in head.splitlines() if not line.startswith("#"))
-    model, report, _, _ = _prepare(load_onnx_text(model_text, path.name), None, target, False, None)
+    head = path.read_text().split(IR)[0]
+    model = load_onnx_text(model_text(head), path.name)
+    model, report, _, _ = _prepare(model, None, header_value(head, "target"), False, None)
     lines = "".join(json.dumps(p, sort_keys=True) + "\n" for p in report.placements)
     return head, print_model(model), lines
 
@@ -44,12 +43,7 @@ def run(path: Path) -> tuple[str, str, str]:
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_placement_golden(path: Path, update_golden: bool) -> None:
     head, ir_text, placements = run(path)
-    if update_golden:
-        path.write_text(head + IR + ir_text + PLACEMENTS + placements)
-        return
-    expected_ir, expected = path.read_text().split(IR)[1].split(PLACEMENTS)
-    assert ir_text == expected_ir, f"{path.name}: IR differs (pytest --update-golden to accept)"
-    assert placements == expected, f"{path.name}: placements differ (pytest --update-golden to accept)"
+    check_sections(path, head, [(IR, "IR", ir_text), (PLACEMENTS, "placements", placements)], update_golden)
 
 
 def _conv_model(body: str, channels: int = 8, size: int = 12) -> onnx.ModelProto:
