@@ -37,7 +37,7 @@ def main() -> None:
     args = arguments.parse_args()
     onnxruntime.set_global_thread_pool_sizes(2, 1)
     import requant
-    from bench_placement import _model
+    from bench_placement import between_convs
     from bench_quantize import interleaved_latency, outputs
     from requant.targets import registry
     from requant.targets.decompose import AVERAGE_POOL_AS_DEPTHWISE
@@ -51,7 +51,7 @@ def main() -> None:
         folder = Path(tmp)
         for name, body, channels, size in CASES:
             source = folder / "float.onnx"
-            onnx.save(_model(body, channels, size), source)
+            onnx.save(between_convs(body, channels, size), source)
             data = [
                 {"x": np.random.default_rng(i).standard_normal((1, channels, size, size)).astype(np.float32)}
                 for i in range(16)

@@ -47,7 +47,9 @@ CASES: dict[str, str] = {  # name -> the ops between the convs, reading c, writi
 SHAPES = ((64, 56), (256, 13))  # channels, height = width
 
 
-def _model(body: str, channels: int, size: int) -> onnx.ModelProto:
+def between_convs(body: str, channels: int, size: int, weight_scale: float = 0.1) -> onnx.ModelProto:
+    """``x -> Conv 1x1 -> <body: ONNX text reading c, writing a> -> Conv 1x1 -> y``, random weights
+    (standard normal times ``weight_scale``), nodes named ``n<index>_<op>``."""
     c, h = channels, size
     text = f"""
     <ir_version: 8, opset_import: ["" : 17]>
@@ -60,9 +62,8 @@ def _model(body: str, channels: int, size: int) -> onnx.ModelProto:
     model = parser.parse_model(text)
     rng = np.random.default_rng(0)
     for name, shape in (("w1", (c, c, 1, 1)), ("b1", (c,)), ("w2", (c, c, 1, 1)), ("b2", (c,))):
-        model.graph.initializer.append(
-            numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-        )
+        weights = (rng.standard_normal(shape) * weight_scale).astype(np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(weights, name))
     for i, node in enumerate(model.graph.node):
         node.name = f"n{i}_{node.op_type}"
     return model
@@ -99,7 +100,7 @@ def main() -> None:
             for name, body in CASES.items():
                 if args.cases and name not in args.cases.split(";"):
                     continue
-                model = _model(body, channels, size)
+                model = between_convs(body, channels, size)
                 source = folder / "model.onnx"
                 onnx.save(model, source)
                 data = [{"x": np.random.default_rng(i).standard_normal((1, channels, size, size)).astype(np.float32)}

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from bench.bench_placement import between_convs
 from onnx import parser
 
 import requant
@@ -46,25 +47,9 @@ def test_placement_golden(path: Path, update_golden: bool) -> None:
     check_sections(path, head, [(IR, "IR", ir_text), (PLACEMENTS, "placements", placements)], update_golden)
 
 
-def _conv_model(body: str, channels: int = 8, size: int = 12) -> onnx.ModelProto:
-    """``x -> Conv 1x1 -> <body: c to a> -> Conv 1x1 -> y``, random weights, named nodes."""
-    c, h = channels, size
-    model = parser.parse_model(f"""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1,{c},{h},{h}] x) => (float[1,{c},{h},{h}] y)
-      <float[{c},{c},1,1] w1, float[{c}] b1, float[{c},{c},1,1] w2, float[{c}] b2> {{
-      c = Conv(x, w1, b1)
-      {body}
-      y = Conv(a, w2, b2)
-    }}""")
-    rng = np.random.default_rng(0)
-    for name, shape in (("w1", (c, c, 1, 1)), ("b1", (c,)), ("w2", (c, c, 1, 1)), ("b2", (c,))):
-        model.graph.initializer.append(
-            onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
-        )
-    for i, node in enumerate(model.graph.node):
-        node.name = f"n{i}_{node.op_type}"
-    return model
+def _conv_model(body: str) -> onnx.ModelProto:
+    """``body`` between two int8 1x1 convs, 8 channels of 12x12 (the placement bench's models)."""
+    return between_convs(body, 8, 12, weight_scale=0.3)
 
 
 def _samples(shape: tuple[int, ...], count: int = 8) -> list[dict[str, np.ndarray]]:
