@@ -60,22 +60,29 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
-def test_chromium_renders_the_page_with_its_charts(report: dict, tmp_path: Path) -> None:
-    page = tmp_path / "report.html"
-    page.write_text(to_html(report), encoding="utf-8")
+def _rendered(page_text: str, tmp_path: Path, height: int) -> str:
+    """``page_text`` opened in headless Chromium: screenshot 1200 x ``height`` in ``tmp_path /
+    'page.png'`` (checked for its size), no console messages (script errors, failed loads): the DOM."""
+    page = tmp_path / "page.html"
+    page.write_text(page_text, encoding="utf-8")
     with tempfile.TemporaryDirectory() as profile:
         common = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
-        shot = subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={tmp_path / 'page.png'}",
+        shot = subprocess.run([*common, f"--window-size=1200,{height}", f"--screenshot={tmp_path / 'page.png'}",
                                page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
         dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert shot.returncode == 0 and dom.returncode == 0, shot.stderr[-2000:]
-    assert _png_size(tmp_path / "page.png") == (1200, 2400)
-    assert (tmp_path / "page.png").stat().st_size > 50_000  # charts and tables drawn, not a blank page
+    assert _png_size(tmp_path / "page.png") == (1200, height)
     console = [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line]
     assert console == []  # no script errors, nothing failed to load
+    return dom.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
+def test_chromium_renders_the_page_with_its_charts(report: dict, tmp_path: Path) -> None:
+    dom = _rendered(to_html(report), tmp_path, 2400)
+    assert (tmp_path / "page.png").stat().st_size > 50_000  # charts and tables drawn, not a blank page
     # the browser's DOM has the charts
-    assert dom.stdout.count("<svg") == 6 and "Accuracy budget" in dom.stdout and "Tensor by tensor" in dom.stdout
+    assert dom.count("<svg") == 6 and "Accuracy budget" in dom and "Tensor by tensor" in dom
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make setup` (apt)")
@@ -83,17 +90,9 @@ def test_chromium_renders_the_comparison_page(tmp_path: Path) -> None:
     quantized = tmp_path / "digits_int8.onnx"
     requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=quantized, measure=False)
     results = requant.compare(DIGITS / "digits_cnn.onnx", quantized, DIGITS / "eval.npz", samples=50)
-    page = tmp_path / "compare.html"
-    page.write_text(compare_to_html([r.to_json() for r in results]), encoding="utf-8")
-    with tempfile.TemporaryDirectory() as profile:
-        common = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
-        shot = subprocess.run([*common, "--window-size=1200,900", f"--screenshot={tmp_path / 'page.png'}",
-                               page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
-        dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0 and dom.returncode == 0, shot.stderr[-2000:]
-    assert _png_size(tmp_path / "page.png") == (1200, 900) and (tmp_path / "page.png").stat().st_size > 30_000
-    assert [line for line in shot.stderr.splitlines() + dom.stderr.splitlines() if "CONSOLE" in line] == []
-    assert dom.stdout.count("<svg") == 1 and dom.stdout.count("<tr>") == 1 + len(results)
+    dom = _rendered(compare_to_html([r.to_json() for r in results]), tmp_path, 900)
+    assert (tmp_path / "page.png").stat().st_size > 30_000
+    assert dom.count("<svg") == 1 and dom.count("<tr>") == 1 + len(results)
 
 
 def test_the_cli_writes_the_page_from_a_saved_report(report: dict, tmp_path: Path) -> None:
