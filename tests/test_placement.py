@@ -52,6 +52,17 @@ def _conv_model(body: str) -> onnx.ModelProto:
     return between_convs(body, 8, 12, weight_scale=0.3)
 
 
+def _sigmoid_between_tanhs(dims: str) -> onnx.ModelProto:
+    """``Tanh -> Sigmoid -> Tanh`` on a ``[dims]`` input: an int8 Sigmoid between float ops."""
+    return parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{dims}] x) => (float[{dims}] y) {{
+      t = Tanh(x)
+      s = Sigmoid(t)
+      y = Tanh(s)
+    }}""")
+
+
 def _samples(shape: tuple[int, ...], count: int = 8) -> list[dict[str, np.ndarray]]:
     return [{"x": np.random.default_rng(i).standard_normal(shape).astype(np.float32)} for i in range(count)]
 
@@ -158,13 +169,7 @@ def test_what_the_report_says_onnx_runtime_fuses_anyway_it_does(tmp_path: Path) 
 
 def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
     # a symbolic batch counts as 1 (the costs are per run at batch 1); a symbolic image size is not priced
-    model = parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[N,8,H,W] x) => (float[N,8,H,W] y) {
-      t = Tanh(x)
-      s = Sigmoid(t)
-      y = Tanh(s)
-    }""")
+    model = _sigmoid_between_tanhs("N,8,H,W")
     (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
     assert group["placed"] == "as annotated" and "no static shape after its batch" in group["why"]
     batch_only = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 16, 16])
@@ -176,13 +181,7 @@ def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
 def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
     from requant.report.html import to_html
 
-    model = parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[1,8,16,16] x) => (float[1,8,16,16] y) {
-      t = Tanh(x)
-      s = Sigmoid(t)
-      y = Tanh(s)
-    }""")
+    model = _sigmoid_between_tanhs("1,8,16,16")
     result = requant.quantize(model, _samples((1, 8, 16, 16)), measure=False)
     (group,) = result.report["quantizers"]["placements"]
     int8_us, float_us = f"{group['int8_us']:.1f}", f"{group['float_us']:.1f}"

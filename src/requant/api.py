@@ -135,10 +135,11 @@ def _prepare(
     while groups of int8 ops cost more than their float versions, the model is annotated again with
     them kept float (``FLOAT_PLACED``); every group's decision goes to the report."""
     prepared = _annotate(source, quantizer, target, strict, keep_float, smoothing, **load_options)
-    costs = get_target(target).costs
+    chosen = get_target(target)
+    costs = chosen.costs
     if costs is None:
         return prepared
-    quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(get_target(target).table)
+    quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(chosen.table)
     decided: dict[tuple[str, ...], Placement] = {}
     for _ in range(PLACEMENT_ROUNDS):
         found = place(prepared[0], costs)
