@@ -1,7 +1,8 @@
 """Linear layers on 3-d inputs with static shapes: ONNX Runtime rewrites ``MatMul -> Add`` into
 ``Reshape -> Gemm -> Reshape`` before fusing QDQ, which can leave the Gemm in float. requant's
-output keeps both kinds of layer int8 (a quantized output: QGemm; a float output: MatMulIntegerToFloat),
-and lint names a layer that ONNX Runtime runs as a float Gemm."""
+output keeps both kinds of layer int8 (a quantized output: QGemm; a float output: MatMulIntegerToFloat,
+which requant writes itself with the bias), and lint names a layer that ONNX Runtime runs as a float
+Gemm."""
 
 from __future__ import annotations
 
@@ -74,12 +75,41 @@ def test_static_3d_linear_layers_run_as_int8_kernels_computing_what_the_qdq_grap
     assert np.abs(fused - _run(_feed_forward(), x)).max() < 0.2  # and close to the float model
 
 
-def test_lint_names_a_linear_layer_onnx_runtime_runs_as_a_float_gemm() -> None:
+def _as_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with requant's MatMulIntegerToFloat (bias included) written back as the QDQ form other
+    tools write: DequantizeLinear -> MatMul -> Add, the bias a vector."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    for index, node in enumerate(graph.node):
+        if node.op_type != "MatMulIntegerToFloat":
+            continue
+        a, w, a_scale, w_scale, a_zero, w_zero, bias = node.input
+        qdq = [
+            helper.make_node("DequantizeLinear", [a, a_scale, a_zero], [f"{a}_dq"]),
+            helper.make_node("DequantizeLinear", [w, w_scale, w_zero], [f"{w}_dq"], axis=1),
+            helper.make_node("MatMul", [f"{a}_dq", f"{w}_dq"], [f"{node.name}_out"], name=node.name),
+            helper.make_node("Add", [f"{node.name}_out", bias], list(node.output)),
+        ]
+        qdq[2].metadata_props.extend(node.metadata_props)  # the quantizer's decision, for lint
+        del graph.node[index]
+        for offset, new in enumerate(qdq):
+            graph.node.insert(index + offset, new)
+        break
+    return model
+
+
+def test_the_bias_added_in_matmulintegertofloat_gives_the_qdq_forms_numbers() -> None:
     model, _ = _quantized()
-    for i, tensor in enumerate(model.graph.initializer):  # undo the bias shape that keeps the layers apart
-        if tensor.name == "b2":
-            assert tuple(tensor.dims) == (1, D)
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor)[0], tensor.name))
+    assert [n.op_type for n in model.graph.node].count("Add") == 1  # the first layer's: its sum is quantized
+    x = np.random.default_rng(3).normal(size=(1, S, D)).astype(np.float32)
+    fused, written = _run(model, x), _run(_as_qdq(model), x)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    bias = np.abs(weights["b2"]).max()
+    assert np.abs(fused - written).max() <= 4 * np.finfo(np.float32).eps * (np.abs(written).max() + bias)
+
+
+def test_lint_names_a_linear_layer_onnx_runtime_runs_as_a_float_gemm() -> None:
+    model = _as_qdq(_quantized()[0])  # the QDQ form with a vector bias: ONNX Runtime makes it a Gemm first
     result = lint(model)
     assert result.int8_kernels == {"QGemm": 1}
     assert result.asked_but_float == ["MatMul 'mm2' (runs as Gemm 'mm2/MatMulAddFusion')"]

@@ -91,3 +91,31 @@ def test_a_mul_by_a_positive_constant_folds_into_the_scale_its_readers_take() ->
     assert "initializer dense<0.125>" in printed  # 0.25 x 0.5, read from t's integers
     kept = _qdq(text.replace("{0.5}", "{-0.5}"), types)  # a negative factor would flip the zero point's side
     assert _ops(kept).count("Mul") == 2
+
+
+LINEAR = (
+    "g (float[N,3] x) => (float[N,2] y) "
+    "<float[3,2] w = {0.5, -0.25, 1.0, 0.75, -1.0, 0.125}, float[2] b = {0.1, -0.2}> "
+    "{ m = MatMul(x, w) y = Add(m, b) }"
+)
+LINEAR_TYPES = {"x": "!quant.uniform<u8:f32, 0.5:128>", "w": "!quant.uniform<i8:f32:1, {0.0078125, 0.0078125}>"}
+
+
+def test_a_float_output_int8_matmul_with_a_bias_becomes_matmulintegertofloat_with_it() -> None:
+    """ONNX Runtime fuses DQ -> MatMul into MatMulIntegerToFloat but leaves the bias Add a node of its own."""
+    printed = _qdq(LINEAR, LINEAR_TYPES)
+    body = [line.split(" loc(")[0].strip() for line in printed.splitlines() if " = " in line]
+    assert body[-2:] == [
+        "%x_quantized: tensor<Nx3x!quant.uniform<u8:f32, 5.000000e-01:128>> = QuantizeLinear(%x, %x_scale, %x_zero_point)",
+        "%y: tensor<Nx2xf32> = com.microsoft.MatMulIntegerToFloat(%x_quantized, %w_quantized, %x_scale, %w_scale, "
+        "%x_zero_point, %w_zero_point, %b)",
+    ]
+    assert "DequantizeLinear" not in printed and "Add(" not in printed
+
+
+def test_a_matmul_whose_sum_is_quantized_or_whose_bias_is_not_constant_keeps_its_qdq_form() -> None:
+    quantized_sum = _qdq(LINEAR, {**LINEAR_TYPES, "y": "!quant.uniform<u8:f32, 0.01:128>"})
+    assert "MatMulIntegerToFloat" not in quantized_sum and "= MatMul(" in quantized_sum  # a QGemm for the runtime
+    given_bias = _qdq(LINEAR.replace("(float[N,3] x)", "(float[N,3] x, float[2] b)").replace(", float[2] b = {0.1, -0.2}", ""),
+                      LINEAR_TYPES)  # fmt: skip
+    assert "MatMulIntegerToFloat" not in given_bias and "= Add(" in given_bias

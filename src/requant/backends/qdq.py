@@ -30,6 +30,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends.dynamic_lstm import write_dynamic_lstms
+from requant.backends.matmul_to_float import write_matmul_integer_to_float
 from requant.errors import RequantError
 from requant.ir.annotations import (
     iter_values,
@@ -281,8 +282,9 @@ def finish_qdq(model: ir.Model) -> None:
     """The rewrites that keep ONNX Runtime's int8 fusions whole, after the QDQ graph is final (bias
     correction measures on the graph as written: its float references read the clamped values):
     clamps their QuantizeLinear makes redundant go, a Relu after a float-output int8 MatMul becomes a
-    Max, 3-d int8 MatMuls keep their bias Add apart, and Muls by a positive constant between
-    conversions fold into a scale. The same numbers, or closer
+    Max, a float-output int8 MatMul with a bias becomes ONNX Runtime's MatMulIntegerToFloat with it
+    (:mod:`requant.backends.matmul_to_float`), other 3-d int8 MatMuls keep their bias Add apart, and
+    Muls by a positive constant between conversions fold into a scale. The same numbers, or closer
     to float (a folded Mul's product is not rounded again)."""
     graph = model.graph
     for node in [n for n in graph if is_op(n, "Relu") or is_op(n, "Clip")]:
@@ -290,6 +292,7 @@ def finish_qdq(model: ir.Model) -> None:
     builder = _Builder(graph)
     for node in [n for n in graph if is_op(n, "Relu")]:
         _relu_after_float_output(builder, node)
+    write_matmul_integer_to_float(model)
     for node in [n for n in graph if is_op(n, "MatMul")]:
         _keep_matmul_apart(builder, node)
     for node in [n for n in graph if is_op(n, "Mul")]:
