@@ -63,6 +63,23 @@ def test_margin_is_the_distance_of_the_closest_pair() -> None:
     assert INT32.margin(np.array([[127, 127]]), 0, 255) == 2**31 - 1
 
 
+def test_pair_overflows_a_block_of_rows_at_a_time_are_those_of_the_whole_matrix() -> None:
+    """More rows than one block, an odd K, bounds per input and per row: the blocks' answer is the
+    whole matrix's pair extremes against the int16 range."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (700, 51)).astype(np.int8)  # 35,700 elements: three blocks
+    w[500, :2] = -128
+    signed_lo = rng.integers(-128, 0, (700, 51))
+    signed_lo[500, :2] = -128  # int8 inputs: (-128)(-128) twice is 32768, one above int16
+    for lo, hi in ((0, 255), (rng.integers(0, 60, 51), rng.integers(100, 256, 51)),
+                   (signed_lo, rng.integers(0, 128, (700, 51)))):  # fmt: skip
+        top, bottom = INT16_PAIRS.pair_extremes(w.astype(np.int64), lo, hi)
+        up, down, margin = INT16_PAIRS.pair_overflows(w, lo, hi)
+        assert (up == np.maximum(top - 32767, 0)).all() and (down == np.maximum(-32768 - bottom, 0)).all()
+        assert margin == min((32767 - top).min(), (bottom + 32768).min())
+        assert up.any() or down.any()  # the case is not vacuous
+
+
 @pytest.mark.parametrize("k", [16, 27, 300])
 def test_encoded_rows_cannot_saturate_and_lose_less_than_seven_bits(k: int) -> None:
     rng = np.random.default_rng(k)

@@ -77,10 +77,7 @@ def _check(
     if not rule.accumulation.saturates:
         return True, None
     reduction = Reduction(op, weight.shape, bool(_attribute(node, "transB", 0)), group)
-    rows = reduction.rows(weight.astype(np.int64))
-    top, bottom = rule.accumulation.pair_extremes(rows, 0, 255)
-    low, high = rule.accumulation.pair_limits
-    up, down = np.maximum(top - high, 0), np.maximum(low - bottom, 0)
+    up, down, _ = rule.accumulation.pair_overflows(reduction.rows(weight), 0, 255)
     if not (up.any() or down.any()):
         return True, None
     worst = np.maximum(up.sum(axis=1), down.sum(axis=1))  # per output channel: every pair at its worst

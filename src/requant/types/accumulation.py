@@ -31,6 +31,7 @@ __all__ = ["INT16_PAIRS", "INT32", "Accumulation"]
 Array = npt.NDArray[Any]
 Bound = npt.ArrayLike  # per-element bounds: a scalar for all, ``[K]``, or ``[N, K]``
 _CHUNK = 1 << 22  # pair products computed at a time by ``dot`` (int64 elements)
+_BLOCK = 1 << 14  # weight elements whose pairs ``pair_overflows`` bounds at a time
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,38 @@ class Accumulation:
     def overflow_and_margin(self, w: Array, lo: Bound, hi: Bound) -> tuple[Array, int]:
         """``overflow`` and ``margin`` from one pass over ``w`` (a large weight's pair extremes are
         most of the proof's time)."""
-        w = np.asarray(w, np.int64)
-        if not self.saturates:
-            return np.zeros((w.shape[0], (w.shape[-1] + 1) // 2), np.int64), int(self.pair_limits[1])
-        top, bottom = self.pair_extremes(w, lo, hi)
+        up, down, margin = self.pair_overflows(w, lo, hi)
+        return np.maximum(up, down, out=up), margin
+
+    def pair_overflows(self, w: Array, lo: Bound, hi: Bound) -> tuple[Array, Array, int]:
+        """How far each pair of each row of ``w`` (``[N, K]``, integers) can go above the pair range
+        and below it at worst (two int64 arrays ``[N, pairs]``, 0 where it cannot), and the margin.
+
+        Computed a block of rows at a time: the temporaries of a whole large weight (a classifier's
+        8210 x 1024) cost more in fresh memory than in arithmetic (0.31 s for its first pass here,
+        0.07 s for the next ones)."""
+        w = np.asarray(w)
+        if w.dtype.kind not in "iu":
+            w = w.astype(np.int64)
+        n, k = w.shape
+        pairs = (k + 1) // 2
         low, high = self.pair_limits
-        worst: Array = np.maximum(np.maximum(top - high, low - bottom), 0)
-        if w.size == 0:
-            return worst, int(high)
-        return worst, int(min((high - top).min(), (bottom - low).min()))
+        up, down = np.zeros((n, pairs), np.int64), np.zeros((n, pairs), np.int64)
+        if not self.saturates:
+            return up, down, int(high)
+        lows, highs = np.asarray(lo), np.asarray(hi)
+        margin = int(high)
+        rows = max(1, _BLOCK // max(1, k))
+        for start in range(0, n, rows):
+            block = slice(start, start + rows)
+            top, bottom = self.pair_extremes(
+                w[block], lows[block] if lows.ndim == 2 else lows, highs[block] if highs.ndim == 2 else highs
+            )
+            np.maximum(top - high, 0, out=up[block])
+            np.maximum(low - bottom, 0, out=down[block])
+            if top.size:
+                margin = min(margin, int((high - top).min()), int((bottom - low).min()))
+        return up, down, margin
 
 
 def _numbers(array: Array) -> Array:
