@@ -13,6 +13,7 @@ PIPELINE = [
     "fold-constants",
     "infer-shapes",
     "fold-batchnorm",
+    "fold-conv-affine",
     "fold-pad",
     "fuse-matmul-add",
     "dequantize-per-consumer",
