@@ -41,7 +41,14 @@ letterboxed as ddddocr does (BGR, 0-255, padded with 114). Its quality is the ag
 detections with the float model's (F1 of boxes matched at IoU >= 0.5, after ddddocr's own decoding,
 score threshold and NMS) and the SQNR of the raw outputs.
 
-    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn,det]
+"ocrdet" is a real text detector: PP-OCRv4's (``ch_PP-OCRv4_det_infer.onnx`` as rapidocr_onnxruntime
+1.4.4 ships it: Paddle-exported, a PP-LCNet backbone with learnable affine blocks and decomposed
+HardSwish, a DB head with Resize and ConvTranspose), on bench photos with lines of English text
+drawn on them, resized to 736x992 (rapidocr sizes the short side to 736) and normalized as rapidocr
+does. Its quality is the agreement of the text pixels with the float model's (IoU of the probability
+maps binarized at rapidocr's 0.3) and the SQNR of the maps.
+
+    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn,det,ocrdet]
                                              [--calib 200] [--eval 300] [--rounds 40] [--json FILE]
 """
 
@@ -163,16 +170,52 @@ def captchas(count: int, seed: int) -> tuple[np.ndarray, list[str]]:
     return np.concatenate(images), texts
 
 
-def ddddocr_file(name: str) -> Path:
-    """A file of the installed ddddocr package, found without importing it (it needs OpenCV)."""
+def package_file(package: str, name: str, needed_by: str) -> Path:
+    """A file of an installed model package, found without importing it (they need OpenCV)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("ddddocr")
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise SystemExit(
-            "crnn and det need ddddocr: pip install --no-deps -r requirements/bench-models.txt (make bench)"
+            f"{needed_by} {package}: pip install --no-deps -r requirements/bench-models.txt (make bench)"
         )
     return Path(spec.origin).parent / name
+
+
+def ddddocr_file(name: str) -> Path:
+    return package_file("ddddocr", name, "crnn and det need")
+
+
+def rapidocr_file(name: str) -> Path:
+    return package_file("rapidocr_onnxruntime", name, "ocrdet needs")
+
+
+def text_photos(count: int, seed: int) -> np.ndarray:
+    """Photos with lines of text for PP-OCRv4's detector, the same every run: a crop of a bench photo
+    resized to 992x736 with 2-6 lines of standard-library docstring text drawn on it (the ``captcha``
+    package's fonts), normalized as rapidocr does ((x / 255 - 0.5) / 0.5, RGB): ``[count, 1, 3, 736, 992]``."""
+    import captcha
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    pictures = [Image.fromarray(p) for p in photos()]
+    fonts = sorted((Path(captcha.__file__).parent / "data").glob("*.ttf"))
+    lines = sentences(200)
+    out = []
+    for _ in range(count):
+        picture = pictures[rng.integers(len(pictures))]
+        w, h = int(picture.width * rng.uniform(0.6, 1.0)), int(picture.height * rng.uniform(0.6, 1.0))
+        left, top = rng.integers(0, picture.width - w + 1), rng.integers(0, picture.height - h + 1)
+        image = picture.crop((left, top, left + w, top + h)).convert("RGB").resize((992, 736))
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(2, 7))):
+            font = ImageFont.truetype(str(fonts[rng.integers(len(fonts))]), int(rng.integers(24, 56)))
+            colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+            at = (int(rng.integers(0, 500)), int(rng.integers(0, 680)))
+            draw.text(at, lines[rng.integers(len(lines))][:60], font=font, fill=colour)
+        rgb = np.asarray(image, np.float32) / 255.0
+        out.append(((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None, None])
+    return np.concatenate(out)
 
 
 def ctc_texts(outputs: np.ndarray, classes: int, charset: list[str] | None = None) -> list[Any]:
@@ -302,6 +345,9 @@ def export(
         images = detector_images(calib + evaluation, seed=0)
         samples = [{"images": image} for image in images]
         return ddddocr_file("common_det.onnx"), samples[:calib], samples[calib:], None
+    if name == "ocrdet":
+        samples = [{"x": image} for image in text_photos(calib + evaluation, seed=0)]
+        return rapidocr_file("models/ch_PP-OCRv4_det_infer.onnx"), samples[:calib], samples[calib:], None
     if name == "minilm":
         from tests.models.minilm import make_minilm, tokenize
 
@@ -447,6 +493,10 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
             "sqnr_db": float(sqnr),
             "boxes": float(np.mean([len(detections(a)) for a in f])),
         }
+    if name == "ocrdet":  # DB probability maps: text pixels at rapidocr's threshold
+        text_f, text_q = f > 0.3, q > 0.3
+        sqnr = 10 * np.log10(np.sum(f.astype(np.float64) ** 2) / np.sum((f.astype(np.float64) - q) ** 2))
+        return {"text_iou": float((text_f & text_q).sum() / max(1, (text_f | text_q).sum())), "sqnr_db": float(sqnr)}
     out = {"top1_agreement": float(np.mean(f.argmax(1) == q.argmax(1)))}
     top5f, top5q = np.argsort(-f, 1)[:, :5], np.argsort(-q, 1)[:, :5]
     out["top5_overlap"] = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top5f, top5q, strict=True)]))
@@ -588,9 +638,13 @@ def _latency_of(result: dict[str, Any], tool: str, method: str) -> float | None:
 
 
 def report(name: str, result: dict[str, Any]) -> None:
-    metric = {"minilm": "cosine", "digits": "accuracy", "crnn": "sequence_agreement", "det": "detection_f1"}.get(
-        name, "top1_agreement"
-    )
+    metric = {
+        "minilm": "cosine",
+        "digits": "accuracy",
+        "crnn": "sequence_agreement",
+        "det": "detection_f1",
+        "ocrdet": "text_iou",
+    }.get(name, "top1_agreement")
     print(
         f"\n{name}: {result['calib']} calibration / {result['eval']} evaluation samples; float {result['float_latency_ms']:.2f} ms "
         f"(as exported: {result['exported_float_latency_ms']:.2f} ms)"
@@ -613,7 +667,7 @@ def report(name: str, result: dict[str, Any]) -> None:
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
         if name == "crnn":  # accuracy against the drawn text / cosine
             extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
-        if name == "det":  # SQNR of the raw outputs
+        if name in ("det", "ocrdet"):  # SQNR of the raw outputs
             extra = f"{r['sqnr_db']:.1f} dB"
         ratios = " ".join(f"{r['latency_ms'] / v:>7.2f}" if v else f"{'':>7}" for v in peers.values())
         print(
