@@ -40,6 +40,16 @@ def test_shape_reads_the_float_value() -> None:
     ]
 
 
+def test_a_kernels_shape_is_read_from_its_quantized_output() -> None:
+    """A second reader of a kernel's float output (a Shape) would keep ONNX Runtime from fusing the kernel."""
+    printed = _qdq(
+        "g (float[N,4] x) => (float[N,4] y, int64[2] s) { r = Relu(x) s = Shape(r) y = Sigmoid(r) }",
+        {"x": "!quant.uniform<u8:f32, 0.5:128>", "r": "!quant.uniform<u8:f32, 0.25>"},
+    )
+    assert "%s: tensor<2xi64> = Shape(%r_quantized)" in printed
+    assert printed.count("= Relu(") == 1 and "Shape(%r)" not in printed
+
+
 def test_a_value_only_measured_gets_no_pair() -> None:
     printed = _qdq(
         "g (float[N,4] x) => (int64[2] s, int64 n) { s = Shape(x) n = Size(x) }",
@@ -116,6 +126,10 @@ def test_a_float_output_int8_matmul_with_a_bias_becomes_matmulintegertofloat_wit
 def test_a_matmul_whose_sum_is_quantized_or_whose_bias_is_not_constant_keeps_its_qdq_form() -> None:
     quantized_sum = _qdq(LINEAR, {**LINEAR_TYPES, "y": "!quant.uniform<u8:f32, 0.01:128>"})
     assert "MatMulIntegerToFloat" not in quantized_sum and "= MatMul(" in quantized_sum  # a QGemm for the runtime
+    # a transformer's [batch, sequence, features]: ONNX Runtime makes no Gemm of it, the Add would run in float
+    sequence = _qdq(LINEAR.replace("float[N,3] x", "float[N,S,3] x").replace("float[N,2] y", "float[N,S,2] y"),
+                    {**LINEAR_TYPES, "y": "!quant.uniform<u8:f32, 0.01:128>"})  # fmt: skip
+    assert "MatMulIntegerToFloat(" in sequence and "QuantizeLinear(%y_float" in sequence
     given_bias = _qdq(LINEAR.replace("(float[N,3] x)", "(float[N,3] x, float[2] b)").replace(", float[2] b = {0.1, -0.2}", ""),
                       LINEAR_TYPES)  # fmt: skip
     assert "MatMulIntegerToFloat" not in given_bias and "= Add(" in given_bias

@@ -14,8 +14,8 @@ apart first. So requant writes the fused op itself, as it writes ``DynamicQuanti
 
 The same integers and the same kernel; the bias is added in the kernel's output loop (a float sum
 of the same two numbers). The node keeps the MatMul's name and metadata (its quantizer's decision),
-and the Add's output. Left alone (the QDQ form stays): a sum read only by a ``QuantizeLinear``
-(ONNX Runtime makes that pair a QGemm), a weight that is not a constant matrix with one scale per
+and the Add's output. Left alone (the QDQ form stays): a sum read only by a ``QuantizeLinear`` where
+ONNX Runtime makes the pair a QGemm (a 2-d or static input), a weight that is not a constant matrix with one scale per
 tensor or per column, an activation with more than one scale, storage other than 8 bits, a bias that
 is not a float vector of the output's width.
 """
@@ -61,6 +61,15 @@ def _bias(add: ir.Node, matmul_out: ir.Value, width: int) -> npt.NDArray[Any] | 
     return data.reshape(width)
 
 
+def _becomes_gemm(a: ir.Value | None) -> bool:
+    """Whether ONNX Runtime rewrites ``MatMul -> Add`` reading ``a`` into a Gemm before its QDQ fusion
+    (``a`` 2-d, or its shape static): a quantized sum then runs as a QGemm. Otherwise (a transformer's
+    ``[batch, sequence, features]``) it fuses only the MatMul, and the Add runs in float before the
+    QuantizeLinear."""
+    shape = a.shape if a is not None else None
+    return shape is not None and (len(shape) == 2 or all(isinstance(d, int) for d in shape))
+
+
 def _rewrite(graph: ir.Graph, matmul: ir.Node) -> bool:
     a_dq, w_dq = (_dequantized(v) for v in matmul.inputs[:2])
     out = matmul.outputs[0]
@@ -76,7 +85,8 @@ def _rewrite(graph: ir.Graph, matmul: ir.Node) -> bool:
         return False
     add = uses[0].node
     result = add.outputs[0]
-    if not result.is_graph_output() and result.uses() and all(is_op(u.node, "QuantizeLinear") for u in result.uses()):
+    quantized = result.uses() and all(is_op(u.node, "QuantizeLinear") for u in result.uses())
+    if not result.is_graph_output() and quantized and _becomes_gemm(matmul.inputs[0]):
         return False  # quantized sum: ONNX Runtime makes the pair a QGemm
     bias = _bias(add, out, weight.shape[1])
     if bias is None:

@@ -6,8 +6,9 @@
 - An activation with a type gets ``QuantizeLinear -> DequantizeLinear`` right after it is
   produced; its consumers read the dequantized value, so ``DQ -> op -> Q`` patterns appear around
   every kernel for the runtime to fuse. A graph output keeps its name on the dequantized value.
-  ``Shape`` and ``Size`` keep reading the float value: they need no numbers, and a float copy
-  kept alive for them would cost a ``DequantizeLinear`` at run time.
+  ``Shape`` and ``Size`` need no numbers: they read an int8 kernel's quantized output (a second
+  reader of the kernel's float output would keep ONNX Runtime from fusing it; a dequantized copy
+  would cost a ``DequantizeLinear`` at run time), and a float op's output as it is.
 - Identical types share one pair of scale and zero-point initializers.
 - An LSTM with quantized weights becomes ONNX Runtime's ``DynamicQuantizeLSTM``
   (:mod:`requant.backends.dynamic_lstm`): no runtime fuses ``DequantizeLinear -> LSTM``.
@@ -216,6 +217,11 @@ def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.No
         builder.graph.insert_before(first, [q, dq])
     for use in uses:
         use.node.replace_input_with(use.idx, out)
+    if producer is not None and (int8 is None or id(producer) in int8):
+        # an int8 kernel's output: its shape is read from the quantized value, so the kernel's only reader
+        # is its QuantizeLinear (ONNX Runtime fuses no op whose output has another reader)
+        for use in [u for u in value.uses() if any(is_op(u.node, op) for op in _READS_SHAPE_ONLY)]:
+            use.node.replace_input_with(use.idx, quantized)
     if was_output:
         for i, output in enumerate(builder.graph.outputs):
             if output is value:
