@@ -133,3 +133,20 @@ def test_a_matmul_whose_sum_is_quantized_or_whose_bias_is_not_constant_keeps_its
     given_bias = _qdq(LINEAR.replace("(float[N,3] x)", "(float[N,3] x, float[2] b)").replace(", float[2] b = {0.1, -0.2}", ""),
                       LINEAR_TYPES)  # fmt: skip
     assert "MatMulIntegerToFloat" not in given_bias and "= Add(" in given_bias
+
+
+def test_a_pool_after_a_folded_mul_takes_the_folded_scale_too() -> None:
+    """The pool re-quantizes with the scale it shared with its input; after the fold its input is read at
+    c s: the pool's QuantizeLinear takes c s too, or ONNX Runtime runs it in float between the two."""
+    text = (
+        "g (float[1,2,4,4] x) => (float[1,2,2,2] y) <float half = {0.5}> "
+        "{ t = Mul(x, x) m = Mul(t, half) p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (m) y = Sigmoid(p) }"
+    )
+    pooled = "!quant.uniform<u8:f32, 0.1:3>"
+    types = {"x": "!quant.uniform<u8:f32, 0.5:128>", "t": "!quant.uniform<u8:f32, 0.25:1>", "m": pooled, "p": pooled}
+    printed = _qdq(text, types)
+    assert _ops(printed) == ["QuantizeLinear", "DequantizeLinear", "Mul", "QuantizeLinear", "DequantizeLinear",
+                             "MaxPool", "QuantizeLinear", "DequantizeLinear", "Sigmoid"]  # fmt: skip
+    folded = next(line.split(":")[0].strip() for line in printed.splitlines() if "initializer dense<0.125>" in line)
+    zero = "%t_zero_point"  # the integers read are t's: its zero point too
+    assert printed.count(f"{folded}, {zero})") == 3, printed  # the DQ before the pool, the pool's Q and DQ

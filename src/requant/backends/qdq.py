@@ -384,6 +384,8 @@ def _fold_scalar_mul(builder: _Builder, mul: ir.Node) -> None:
         base = f"{dq.inputs[1].name if dq.inputs[1] is not None else 'scale'}_times_{mul.name or 'mul'}"
         folded = builder.initializer(base, (np.asarray(scale, np.float64) * c).astype(scale.dtype))
         for reader in readers:
+            _follow_moves(reader, (q.inputs[1], q.inputs[2]), (folded, dq.inputs[2] if len(dq.inputs) > 2 else None))
+        for reader in readers:
             reader.replace_input_with(0, dq.inputs[0])
             reader.replace_input_with(1, folded)
             if len(dq.inputs) > 2 and dq.inputs[2] is not None:
@@ -395,6 +397,36 @@ def _fold_scalar_mul(builder: _Builder, mul: ir.Node) -> None:
         if not dq.outputs[0].uses() and not dq.outputs[0].is_graph_output():
             graph.remove(dq, safe=True)
         return
+
+
+# ops ONNX Runtime runs on the integers when the parameters before and after them are the same
+_MOVES_INTEGERS = frozenset({"MaxPool", "Resize", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _follow_moves(
+    dq: ir.Node, shared: tuple[ir.Value | None, ir.Value | None], folded: tuple[ir.Value, ir.Value | None]
+) -> None:
+    """After ``dq`` reads the integers before a folded Mul (``folded``: its scale and zero point): the
+    data-movement ops it feeds re-quantize with the parameters they shared with their input
+    (``shared``); they take ``folded`` too, so ONNX Runtime still runs them on the integers (a MaxPool
+    after a folded HardSwish ran in float between a DequantizeLinear and a QuantizeLinear of different
+    scales, a rounding more). Follows chains of them."""
+    for use in list(dq.outputs[0].uses()):
+        move = use.node
+        if use.idx != 0 or not any(is_op(move, op) for op in _MOVES_INTEGERS) or move.outputs[0].is_graph_output():
+            continue
+        quantizers = [u.node for u in move.outputs[0].uses()]
+        if not quantizers or not all(
+            is_op(n, "QuantizeLinear") and len(n.inputs) == 3 and (n.inputs[1], n.inputs[2]) == shared
+            for n in quantizers
+        ):
+            continue
+        for node in quantizers + [u.node for n in quantizers for u in n.outputs[0].uses()]:
+            if is_op(node, "QuantizeLinear") or (is_op(node, "DequantizeLinear") and len(node.inputs) == 3):
+                node.replace_input_with(1, folded[0])
+                node.replace_input_with(2, folded[1])
+                if is_op(node, "DequantizeLinear"):
+                    _follow_moves(node, shared, folded)
 
 
 def _keep_matmul_apart(builder: _Builder, matmul: ir.Node) -> None:
