@@ -8,7 +8,8 @@ nothing is float:
 - the function takes the model's inputs quantized (int8) and returns its outputs quantized; the
   host quantizes and dequantizes with the parameters of :class:`Edge` (the MLIR file's header);
 - a ``Conv`` becomes ``tosa.conv2d`` / ``tosa.depthwise_conv2d`` (NHWC; transposes where the layout
-  changes), a ``Gemm`` ``tosa.matmul`` plus an int32 ``tosa.add`` of its bias; each kernel's int32
+  changes), a ``Gemm`` ``tosa.matmul`` plus an int32 ``tosa.add`` of its bias, a ``MatMul``
+  ``tosa.matmul`` (a constant weight, or two activations batch by batch); each kernel's int32
   accumulator goes to the next int8 tensor through ``tosa.rescale`` with a fixed-point multiplier
   and shift per output channel (``input scale x weight scale / output scale``), and a Relu or Clip
   after it becomes a ``tosa.clamp`` on the int8 result;
@@ -43,6 +44,7 @@ __all__ = ["Edge", "TosaError", "TosaOp", "TosaProgram", "lower_to_tosa", "multi
 Array = npt.NDArray[Any]
 SHAPE_OPS = ("Shape", "Constant")  # other ops on int64 shapes are skipped by their type
 ROUNDING = ("single_round", "double_round")
+KERNELS = ("Conv", "Gemm", "MatMul")  # a Relu or Clip after one is written with it
 STREAM_BITS = 16  # an int32 stream of sums starts this many bits finer than the coarser int8 input
 
 
@@ -274,7 +276,7 @@ class _Lowering:
         result = self.rescale(acc, shape, scales / out_scale, 0, out_zp, "i32", why)
         if activation is not None:
             result = self.clamp_after(result, shape, activation, out_scale, out_zp)
-        if final:
+        if final and tuple(final) != tuple(shape):
             result, shape = self.add("reshape", [result], final, "i8", new_shape=list(final)), final
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, shape, out_scale, out_zp, nhwc)
 
@@ -332,6 +334,46 @@ class _Lowering:
             acc = self.add("add", [acc, self.const(np.broadcast_to(bias, (1, 1, out)), "i32")], (1, rows, out), "i32")
         scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out,)) * x.scale
         self.kernel_output(node, acc, (1, rows, out), scales, False, (rows, out))
+
+    def matmul(self, node: ir.Node) -> None:
+        """``tosa.matmul`` (int8 operands, their zero points, an int32 result) on 3-d views: a constant
+        weight ``[K, N]`` (symmetric int8, per tensor or per column) times every row of the input; or
+        two activations batch by batch (attention's products; their batch dimensions must agree). The
+        int32 result is rescaled to the int8 output, per column for a per-column weight."""
+        a = self.nchw(self.source(node.inputs[0], node))
+        b_value = node.inputs[1]
+        out = self.shape_of(node.outputs[0])
+        producer = b_value.producer() if b_value is not None else None
+        if producer is not None and producer.op_type == "DequantizeLinear" and constant(producer.inputs[0]) is not None:
+            w, w_scale, w_zp = _dequantized_constant(b_value, node)
+            if w.ndim != 2 or np.any(w_zp != 0) or w.dtype != np.int8:
+                raise TosaError(
+                    f"node '{_name(node)}' (MatMul): a constant weight is lowered as a symmetric int8 matrix"
+                )
+            rows = int(np.prod(a.shape[:-1], dtype=np.int64))
+            depth, columns = w.shape
+            x3 = self.reshaped(a, (1, rows, depth))
+            acc = self.add("matmul", [x3, self.const(w[None], "i8"), self.zero_point(a.zero_point),
+                                      self.zero_point(0)], (1, rows, columns), "i32", node=_name(node))  # fmt: skip
+            scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (columns,)) * a.scale
+            self.kernel_output(node, acc, (1, rows, columns), scales, False, out)
+            return
+        b = self.nchw(self.source(b_value, node))
+        if len(a.shape) < 2 or len(a.shape) != len(b.shape) or a.shape[:-2] != b.shape[:-2]:
+            raise TosaError(f"node '{_name(node)}' (MatMul): activations {list(a.shape)} and {list(b.shape)} with "
+                            "different batch dimensions are not lowered")  # fmt: skip
+        batch = int(np.prod(a.shape[:-2], dtype=np.int64))
+        (m, depth), n = a.shape[-2:], b.shape[-1]
+        a3, b3 = self.reshaped(a, (batch, m, depth)), self.reshaped(b, (batch, depth, n))
+        acc = self.add("matmul", [a3, b3, self.zero_point(a.zero_point), self.zero_point(b.zero_point)],
+                       (batch, m, n), "i32", node=_name(node))  # fmt: skip
+        self.kernel_output(node, acc, (batch, m, n), np.array([a.scale * b.scale]), False, out)
+
+    def reshaped(self, t: _Tensor, shape: tuple[int, ...]) -> str:
+        """``t``'s values as ``shape`` (itself when it already has it)."""
+        if tuple(t.shape) == tuple(shape):
+            return t.name
+        return self.add("reshape", [t.name], shape, "i32" if t.wide else "i8", new_shape=list(shape))
 
     def same_scale(self, node: ir.Node) -> _Tensor:
         """The int8 input of an op that moves or selects values: its output must be quantized alike."""
@@ -554,7 +596,7 @@ UNARY: dict[str, Callable[[Array, ir.Node], Array]] = {  # what tosa.table compu
     "LeakyRelu": lambda x, node: np.where(x >= 0, x, node.attributes.get_float("alpha", 0.01) * x),
 }
 
-LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MaxPool": _Lowering.max_pool,
+LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MatMul": _Lowering.matmul, "MaxPool": _Lowering.max_pool,
              "Reshape": _Lowering.reshape, "Flatten": _Lowering.reshape, "Relu": _Lowering.clamp,
              "Clip": _Lowering.clamp, "Add": _Lowering.add_op,
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
@@ -643,7 +685,7 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
             if value is None or value.dtype != ir.DataType.FLOAT or constant(value) is not None:
                 continue
             if producer is None or producer.op_type != "DequantizeLinear":
-                if producer is not None and producer.op_type in ("Conv", "Gemm") and node.op_type in ("Relu", "Clip"):
+                if producer is not None and producer.op_type in KERNELS and node.op_type in ("Relu", "Clip"):
                     continue  # an activation lowered with its kernel
                 if producer is not None and producer.op_type == "Add" and node.op_type == "Add":
                     continue  # a residual stream (int32)
@@ -674,7 +716,7 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
             continue  # shape arithmetic (int64): the shapes are static here
         if node.op_type in ("Relu", "Clip") and node.inputs[0] is not None:
             producer = node.inputs[0].producer()
-            if producer is not None and producer.op_type in ("Conv", "Gemm"):
+            if producer is not None and producer.op_type in KERNELS:
                 continue  # written with its kernel
         lower = LOWERINGS.get(node.op_type)
         if lower is None:

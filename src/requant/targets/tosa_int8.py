@@ -6,7 +6,8 @@ times the weight scale, and int32 accumulators brought back to int8 by ``tosa.re
 op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
 residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
-(2-d, and depthwise) and ``Gemm`` with a folded Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
+(2-d, and depthwise), ``Gemm`` and ``MatMul`` (a constant weight, or two activations) with a folded
+Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten`` and
 ``Gather``.
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["TOSA_INT8", "TOSA_INT32"]
 
 ACTIVATION_DTYPES = ("int8", "uint8")  # uint8 is written as int8 (q - 128, zero point - 128): exact
-PRODUCERS = ("Conv", "Gemm")
+PRODUCERS = ("Conv", "Gemm", "MatMul")
 FOLDED_ACTIVATIONS = ("Relu", "Clip")
 STANDALONE = (
     "Add",
@@ -69,6 +70,8 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         weight_index, _ = WEIGHTED[node.op_type]
         data = constant(node.inputs[weight_index])
         spec = config.weight
+        if data is None and node.op_type == "MatMul":
+            return Accept()  # two activations (attention's products): tosa.matmul takes both with their zero points
         if data is None:
             return Reject(f"{node.op_type} weight is not a constant (lowered: constant weights)", at=node)
         if node.op_type == "Conv" and data.ndim != 4:
@@ -89,7 +92,7 @@ def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
-    later = ("MatMul", "ConvTranspose", "LSTM", "GRU", "RNN", "Softmax")
+    later = ("ConvTranspose", "LSTM", "GRU", "RNN", "Softmax")
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
