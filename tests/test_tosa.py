@@ -164,6 +164,21 @@ def _one_kernel_model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     return proto, [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
 
 
+def _iree_agrees(result: requant.api.QuantizedModel, data: list[dict[str, np.ndarray]]) -> None:
+    """Where the tools are installed: mlir-opt accepts the program and IREE computes, on each sample
+    quantized as the function takes it, what requant's interpreter computes."""
+    if MISSING:
+        return
+    assert result.tosa is not None
+    text = result.mlir()
+    validate_tosa(text)
+    module = IreeModule(compile_iree(text))
+    edge = result.tosa.inputs[0]
+    for sample in data:
+        q = edge.quantize(sample[edge.name])
+        assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {edge.name: q})[0])
+
+
 def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None:
     """Conv -> Relu, MaxPool, Flatten, Gemm: the integers differ from the QDQ model's in ONNX Runtime
     only by rounding (fixed point, half up, against float, half to even): at most one output step."""
@@ -177,14 +192,7 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
                      "matmul", "add", "rescale", "reshape"]  # fmt: skip
     assert result.report["tosa"]["against_qdq"]["samples"] == 8
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
-    if not MISSING:
-        text = result.mlir()
-        validate_tosa(text)
-        module = IreeModule(compile_iree(text))
-        edge = result.tosa.inputs[0]
-        for sample in data:
-            q = edge.quantize(sample["x"])
-            assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {"x": q})[0])
+    _iree_agrees(result, data)
 
 
 def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_computes() -> None:
@@ -205,14 +213,7 @@ def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_comput
     kinds = [op.kind for op in result.tosa.ops if op.kind not in ("const", "rescale", "reshape", "clamp")]
     assert kinds == ["matmul", "matmul", "matmul"]
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
-    if not MISSING:
-        text = result.mlir()
-        validate_tosa(text)
-        module = IreeModule(compile_iree(text))
-        edge = result.tosa.inputs[0]
-        for sample in data[:4]:
-            q = edge.quantize(sample["x"])
-            assert np.array_equal(module.run([q])[0], run_tosa(result.tosa, {"x": q})[0])
+    _iree_agrees(result, data[:4])
 
 
 def test_a_users_quantizer_follows_the_target_and_its_order_does_not_matter() -> None:
