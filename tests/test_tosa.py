@@ -196,22 +196,22 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
 
 
 def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_computes() -> None:
-    """A 3-d input times constant weights (then a Relu), and the product of two activations: quantized
+    """A 3-d input times constant weights (then a Relu), and the product of two activations (one
+    transposed, as attention's keys are): quantized
     for the tosa-int8 target, lowered to tosa.matmul, within one output step of the QDQ model in ONNX
     Runtime, and IREE computes what the interpreter does."""
     rng = np.random.default_rng(5)
     w1, w2 = (numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), n) for n in ("w1", "w2"))
     proto = onnx.parser.parse_model(
         '<ir_version: 8, opset_import: ["" : 17]> g (float[1,8,16] x) => (float[1,8,8] y) '
-        "<int64[3] to = {1, 16, 8}> { m = MatMul(x, w1) h = Relu(m) g = MatMul(x, w2) r = Reshape(g, to) "
-        "y = MatMul(h, r) }"
+        "{ m = MatMul(x, w1) h = Relu(m) g = MatMul(x, w2) r = Transpose <perm = [0, 2, 1]> (g) y = MatMul(h, r) }"
     )
     proto.graph.initializer.extend([w1, w2])
     data = [{"x": rng.standard_normal((1, 8, 16)).astype(np.float32)} for _ in range(16)]
     result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
     assert result.tosa is not None
     kinds = [op.kind for op in result.tosa.ops if op.kind not in ("const", "rescale", "reshape", "clamp")]
-    assert kinds == ["matmul", "matmul", "matmul"]
+    assert kinds == ["matmul", "matmul", "transpose", "matmul"]
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
     _iree_agrees(result, data[:4])
 

@@ -13,7 +13,7 @@ nothing is float:
   accumulator goes to the next int8 tensor through ``tosa.rescale`` with a fixed-point multiplier
   and shift per output channel (``input scale x weight scale / output scale``), and a Relu or Clip
   after it becomes a ``tosa.clamp`` on the int8 result;
-- ``MaxPool``, ``Reshape`` / ``Flatten``, ``Relu`` and ``Clip`` between conversions of one scale run
+- ``MaxPool``, ``Reshape`` / ``Flatten``, ``Transpose``, ``Relu`` and ``Clip`` between conversions of one scale run
   on the int8 values; an elementwise ``Add`` of two int8 tensors rescales both to int32 on a common
   scale, adds, and rescales to its output.
 
@@ -445,6 +445,13 @@ class _Lowering:
         shape = self.shape_of(node.outputs[0])
         self.finish(node, self.add("reshape", [x.name], shape, "i8", new_shape=list(shape)), shape, False)
 
+    def transpose_op(self, node: ir.Node) -> None:
+        """A Transpose of int8 values (ONNX's axes, on the tensor as NCHW), quantized alike before and after."""
+        x = self.nchw(self.same_scale(node))
+        perm = list(node.attributes.get_ints("perm", list(range(len(x.shape)))[::-1]))
+        shape = tuple(x.shape[p] for p in perm)
+        self.finish(node, self.add("transpose", [x.name], shape, "i8", perms=perm), shape, False)
+
     def clamp(self, node: ir.Node) -> None:
         x = self.same_scale(node)
         self.finish(node, self.clamp_after(x.name, x.shape, node, x.scale, x.zero_point), x.shape, x.nhwc)
@@ -602,6 +609,7 @@ LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MatMul": _Lowering
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
+             "Transpose": _Lowering.transpose_op,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 

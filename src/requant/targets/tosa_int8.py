@@ -9,8 +9,8 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 (2-d, and depthwise), ``Gemm`` and ``MatMul`` (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
-``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten`` and
-``Gather``.
+``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
+``Transpose`` and ``Gather``.
 """
 
 from __future__ import annotations
