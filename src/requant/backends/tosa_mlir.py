@@ -85,14 +85,15 @@ def to_mlir(program: TosaProgram, rounding: str | None = None, name: str = "main
                          f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
             operands.append(f"{op.output}_{key}")
             operand_types.append(f"!tosa.shape<{rank}>")
-        if op.kind == "reshape":  # the new shape is a !tosa.shape operand
+        shaped = {"reshape": "new_shape", "pad": "padding"}.get(op.kind)
+        if shaped is not None:  # the new shape, the padding: a !tosa.shape operand after the input
             shape_name = f"{op.output}_shape"
-            rank = len(op.attrs["new_shape"])
-            dims = list(op.attrs["new_shape"])
+            rank = len(op.attrs[shaped])
+            dims = list(op.attrs[shaped])
             lines.append(f"  {shape_name} = \"tosa.const_shape\"() <{{values = dense<{dims}> : "
                          f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
-            operands.append(shape_name)
-            operand_types.append(f"!tosa.shape<{rank}>")
+            operands.insert(1, shape_name)
+            operand_types.insert(1, f"!tosa.shape<{rank}>")
         attrs = _attributes(op, rounding)
         lines.append(
             f'  {op.output} = "tosa.{op.kind}"({", ".join(operands)})'

@@ -157,6 +157,12 @@ def _reshape(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return args[0].reshape(op.attrs["new_shape"])
 
 
+def _pad(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    x, value = args
+    pairs = np.asarray(op.attrs["padding"]).reshape(-1, 2)
+    return np.pad(x, [tuple(int(v) for v in p) for p in pairs], constant_values=value[0])
+
+
 ACCUMULATORS = ("conv2d", "depthwise_conv2d", "matmul")
 OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "const": _const,
@@ -175,6 +181,7 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "slice": _slice,
     "transpose": _transpose,
     "reshape": _reshape,
+    "pad": _pad,
 }
 
 
