@@ -498,6 +498,30 @@ class _Lowering:
         else:
             self.finish(node, name, shape, x.nhwc)
 
+    def resize(self, node: ir.Node) -> None:
+        """Nearest-neighbour upsampling by whole factors (every output pixel a copy of
+        ``input[out // factor]``: what ONNX's asymmetric/floor and half-pixel nearest modes compute
+        then) as ``tosa.resize``: scale ``2 f / 2`` with offset ``-f``, so TOSA's rounding to the
+        nearest source lands on the floor (``tosa.resize`` rounds half up)."""
+        x = self.nhwc(self.same_scale(node))
+        mode = node.attributes.get_string("mode", "nearest")
+        transform = node.attributes.get_string("coordinate_transformation_mode", "half_pixel")
+        rounding = node.attributes.get_string("nearest_mode", "round_prefer_floor")
+        n, c, oh, ow = self.shape_of(node.outputs[0])
+        _, ih, iw, _ = x.shape
+        whole = oh % ih == 0 and ow % iw == 0 and n == x.shape[0] and c == x.shape[3]
+        floor = transform in ("half_pixel", "pytorch_half_pixel") or (transform == "asymmetric" and rounding == "floor")
+        if mode != "nearest" or not whole or not floor:
+            raise TosaError(f"node '{_name(node)}' (Resize): nearest upsampling of H and W by whole factors is "
+                            f"lowered, not {mode} ({transform}, {rounding}) from {ih}x{iw} to {oh}x{ow}")  # fmt: skip
+        fy, fx = oh // ih, ow // iw
+        scale = [2 * fy, 2, 2 * fx, 2]
+        offset = [-fy, -fx]
+        border = [(oh - 1) * 2 - (ih - 1) * 2 * fy - fy, (ow - 1) * 2 - (iw - 1) * 2 * fx - fx]
+        shape = (n, oh, ow, c)
+        name = self.add("resize", [x.name], shape, "i8", scale=scale, offset=offset, border=border)
+        self.finish(node, name, shape, True)
+
     def clamp(self, node: ir.Node) -> None:
         x = self.same_scale(node)
         self.finish(node, self.clamp_after(x.name, x.shape, node, x.scale, x.zero_point), x.shape, x.nhwc)
@@ -655,7 +679,7 @@ LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MatMul": _Lowering
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
-             "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad,
+             "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 

@@ -50,6 +50,8 @@ def _attributes(op: TosaOp, rounding: str) -> str:
         return f"perms = array<i32: {', '.join(str(p) for p in a['perms'])}>"
     if op.kind == "concat":
         return f"axis = {a['axis']} : i32"
+    if op.kind == "resize":
+        return "mode = #tosa.resize_mode<NEAREST_NEIGHBOR>"
     if op.kind == "reduce_sum":
         return f"axis = {a['axis']} : i32"
     return ""
@@ -85,15 +87,15 @@ def to_mlir(program: TosaProgram, rounding: str | None = None, name: str = "main
                          f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
             operands.append(f"{op.output}_{key}")
             operand_types.append(f"!tosa.shape<{rank}>")
-        shaped = {"reshape": "new_shape", "pad": "padding"}.get(op.kind)
-        if shaped is not None:  # the new shape, the padding: a !tosa.shape operand after the input
-            shape_name = f"{op.output}_shape"
-            rank = len(op.attrs[shaped])
-            dims = list(op.attrs[shaped])
+        shaped = {"reshape": ("new_shape",), "pad": ("padding",), "resize": ("scale", "offset", "border")}
+        for position, key in enumerate(shaped.get(op.kind, ()), start=1):  # !tosa.shape operands after the input
+            shape_name = f"{op.output}_{key}" if op.kind == "resize" else f"{op.output}_shape"
+            rank = len(op.attrs[key])
+            dims = list(op.attrs[key])
             lines.append(f"  {shape_name} = \"tosa.const_shape\"() <{{values = dense<{dims}> : "
                          f"tensor<{rank}xindex>}}> : () -> !tosa.shape<{rank}>")  # fmt: skip
-            operands.insert(1, shape_name)
-            operand_types.insert(1, f"!tosa.shape<{rank}>")
+            operands.insert(position, shape_name)
+            operand_types.insert(position, f"!tosa.shape<{rank}>")
         attrs = _attributes(op, rounding)
         lines.append(
             f'  {op.output} = "tosa.{op.kind}"({", ".join(operands)})'

@@ -157,6 +157,24 @@ def _reshape(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return args[0].reshape(op.attrs["new_shape"])
 
 
+def _nearest(out: int, size: int, numerator: int, denominator: int, offset: int) -> Array:
+    """The source index of each of ``out`` positions in TOSA's integer nearest-neighbour resize."""
+    y = np.arange(out, dtype=np.int64) * denominator + offset
+    index = np.floor_divide(y, numerator)
+    remainder = y - index * numerator
+    nearest: Array = np.clip(index + (2 * remainder >= numerator), 0, size - 1)
+    return nearest
+
+
+def _resize(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    (x,) = args  # NHWC, NEAREST_NEIGHBOR
+    oh, ow = op.shape[1:3]
+    sy, dy, sx, dx = op.attrs["scale"]
+    rows = _nearest(oh, x.shape[1], sy, dy, op.attrs["offset"][0])
+    columns = _nearest(ow, x.shape[2], sx, dx, op.attrs["offset"][1])
+    return np.ascontiguousarray(x[:, rows][:, :, columns])
+
+
 def _pad(op: TosaOp, args: list[Array], rounding: str) -> Array:
     x, value = args
     pairs = np.asarray(op.attrs["padding"]).reshape(-1, 2)
@@ -182,6 +200,7 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "transpose": _transpose,
     "reshape": _reshape,
     "pad": _pad,
+    "resize": _resize,
 }
 
 
