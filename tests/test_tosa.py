@@ -216,6 +216,51 @@ def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_comput
     _iree_agrees(result, data[:4])
 
 
+def _yolox_like() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    """YOLOX's pieces, small: a Focus stem (strided Slices, Concat), convs with SiLU, a CSP block (a
+    residual sum concatenated with a branch), nearest upsampling and a Concat of two scales."""
+    rng = np.random.default_rng(9)
+    weights = {"w0": (8, 8, 3, 3), "w1": (8, 8, 1, 1), "w2": (8, 8, 3, 3), "w3": (8, 16, 1, 1), "w4": (4, 24, 3, 3)}
+    inits = [numpy_helper.from_array(rng.normal(0, 0.25, shape).astype(np.float32), n) for n, shape in weights.items()]
+    text = """<ir_version: 8, opset_import: ["" : 17]> g (float[1,2,16,16] x) => (float[1,4,8,8] y)
+    <int64[1] zero = {0}, int64[1] one = {1}, int64[1] end = {9223372036854775807}, int64[1] h = {2}, int64[1] w = {3},
+     int64[1] two = {2}, float[0] roi = {}, float[4] up = {1.0, 1.0, 2.0, 2.0}> {
+        a = Slice(x, zero, end, h, two)  aa = Slice(a, zero, end, w, two)  ab = Slice(a, one, end, w, two)
+        b = Slice(x, one, end, h, two)  ba = Slice(b, zero, end, w, two)  bb = Slice(b, one, end, w, two)
+        f = Concat <axis = 1> (aa, ba, ab, bb)
+        c0 = Conv <pads = [1, 1, 1, 1]> (f, w0)  s0 = Sigmoid(c0)  x0 = Mul(c0, s0)
+        c1 = Conv(x0, w1)  s1 = Sigmoid(c1)  x1 = Mul(c1, s1)
+        c2 = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x1, w2)  s2 = Sigmoid(c2)  x2 = Mul(c2, s2)
+        r = Add(x1, x0)  csp = Concat <axis = 1> (r, x1)  m = Conv(csp, w3)
+        u = Resize <mode = "nearest"> (x2, roi, up)  cat = Concat <axis = 1> (m, u, x0)
+        y = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (cat, w4)
+    }"""
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.extend(inits)
+    return proto, [{"x": rng.standard_normal((1, 2, 16, 16)).astype(np.float32)} for _ in range(12)]
+
+
+def test_a_yolox_like_model_as_integer_tosa() -> None:
+    """Strided slices, SiLU, a residual sum read by a Concat (quantized for it where it meets the
+    branch), nearest upsampling: all integer, IREE computing what the interpreter computes, and the
+    output close to float (the whole ddddocr detector: F1 0.981 against requant's ONNX Runtime
+    output's 0.982 on 100 bench photos, in docs/targets.md)."""
+    proto, data = _yolox_like()
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False, bias_correction=False)
+    assert result.tosa is not None
+    kinds = {op.kind for op in result.tosa.ops}
+    assert {"slice", "concat", "resize", "table", "mul", "conv2d"} <= kinds
+    reference = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    edge, out = result.tosa.inputs[0], result.tosa.outputs[0]
+    signal = noise = 0.0
+    for sample in data[8:]:
+        got = out.dequantize(run_tosa(result.tosa, {"x": edge.quantize(sample["x"])})[0]).astype(np.float64)
+        want = reference.run(None, sample)[0].astype(np.float64)
+        signal, noise = signal + float((want**2).sum()), noise + float(((want - got) ** 2).sum())
+    assert 10 * np.log10(signal / noise) > 20.0  # dB
+    _iree_agrees(result, data[:3])
+
+
 def test_a_users_quantizer_follows_the_target_and_its_order_does_not_matter() -> None:
     """A ``Quantizer()`` made without a table matches against the target's (ONNX Runtime's pads a
     3-channel conv's input to 4 channels for its ConvSym kernel, which TOSA has no use for); the
@@ -369,7 +414,8 @@ def test_lowering_golden(path: Path, update_golden: bool) -> None:
         floats = {e.name: e.dequantize(ints[e.name]) for e in program.inputs}
         for edge, mine, theirs in zip(program.outputs, run_tosa(program, ints), qdq.run(None, floats), strict=True):
             steps = np.abs(edge.dequantize(mine).astype(np.float64) - theirs) / edge.scale
-            assert steps.max() <= 1.0 + 1e-6, f"{path.name}: output '{edge.name}' {steps.max()} steps from ONNX Runtime"
+            # one step of rounding, and float32's on values of up to 255 steps (2**-24 x 255 < 1e-4)
+            assert steps.max() <= 1.0 + 1e-4, f"{path.name}: output '{edge.name}' {steps.max()} steps from ONNX Runtime"
     if MISSING:
         return
     validate_tosa(got)

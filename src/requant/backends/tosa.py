@@ -522,6 +522,48 @@ class _Lowering:
         name = self.add("resize", [x.name], shape, "i8", scale=scale, offset=offset, border=border)
         self.finish(node, name, shape, True)
 
+    def slice_op(self, node: ir.Node) -> None:
+        """A Slice of int8 values (static starts, ends, axes and positive steps) as ``tosa.slice``; an
+        axis taken every ``k``-th element (YOLOX's Focus stem, ``x[..., ::2, ::2]``) is first viewed as
+        ``[size / k, k]`` (TOSA's slice has no step), sliced on both, and merged back."""
+        x = self.nchw(self.same_scale(node))
+        known = [self.known(v, node) if v is not None else None for v in node.inputs[1:5]]
+        starts, ends = known[0], known[1]
+        if starts is None or ends is None:
+            raise TosaError(f"node '{_name(node)}' (Slice): its starts and ends are not known for static shapes")
+        rank = len(x.shape)
+        axes = known[2] if len(known) > 2 and known[2] is not None else np.arange(len(starts))
+        steps = known[3] if len(known) > 3 and known[3] is not None else np.ones(len(starts), np.int64)
+        name, shape = x.name, list(x.shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis, size, step = int(axis) % rank, shape[int(axis) % rank], int(step)
+            first, stop, _ = slice(int(start), int(end), step).indices(size)
+            count = len(range(first, stop, step))
+            if step < 1 or count == 0 or (step > 1 and size % step):
+                raise TosaError(f"node '{_name(node)}' (Slice): step {step} on an axis of {size} is not lowered")
+            if step == 1:
+                begin, sizes = [0] * rank, list(shape)
+                begin[axis], sizes[axis] = first, count
+                name = self.add("slice", [name], tuple(sizes), "i8", start=begin, size=sizes)
+                shape = sizes
+                continue
+            view = [*shape[:axis], size // step, step, *shape[axis + 1 :]]
+            name = self.add("reshape", [name], tuple(view), "i8", new_shape=view)
+            begin, sizes = [0] * (rank + 1), list(view)
+            begin[axis], sizes[axis] = first // step, count
+            begin[axis + 1], sizes[axis + 1] = first % step, 1
+            name = self.add("slice", [name], tuple(sizes), "i8", start=begin, size=sizes)
+            shape = [*shape[:axis], count, *shape[axis + 1 :]]
+            name = self.add("reshape", [name], tuple(shape), "i8", new_shape=list(shape))
+        self.finish(node, name, tuple(shape), False)
+
+    def known(self, value: ir.Value, node: ir.Node) -> Array | None:
+        """An integer input's values: a constant, or what the model computes once the shapes are static."""
+        data = constant(value)
+        if data is None:
+            data = self.integers.get(str(value.name))
+        return None if data is None else np.asarray(data, np.int64).reshape(-1)
+
     def clamp(self, node: ir.Node) -> None:
         x = self.same_scale(node)
         self.finish(node, self.clamp_after(x.name, x.shape, node, x.scale, x.zero_point), x.shape, x.nhwc)
@@ -680,6 +722,7 @@ LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MatMul": _Lowering
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
              "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
+             "Slice": _Lowering.slice_op,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 

@@ -10,7 +10,7 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
-``Transpose``, ``Pad``, nearest ``Resize`` and ``Gather``.
+``Transpose``, ``Pad``, ``Slice`` (steps too), nearest ``Resize`` and ``Gather``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ STANDALONE = (
     "HardSigmoid",
     "HardSwish",
     "LeakyRelu",
+    "Concat",  # its own output type, its inputs quantized as they are: tosa.concat rescales each to it
 )
 
 
