@@ -261,6 +261,30 @@ def test_a_yolox_like_model_as_integer_tosa() -> None:
     _iree_agrees(result, data[:3])
 
 
+def test_the_program_does_not_depend_on_the_order_of_the_quantizers() -> None:
+    """Every order of four selections (the kernels, the Concats, the SiLUs' two ops) gives the same
+    program; where two quantizations meet (a Concat of inputs on other scales, a residual sum) the
+    rescale is in the report with its reason."""
+    import itertools
+
+    from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
+
+    proto, data = _yolox_like()
+    config = PRESETS[DEFAULT_PRESET]
+    texts = set()
+    for order in itertools.permutations(("Conv", "Concat", "Sigmoid", "Mul")):
+        quantizer = Quantizer()
+        for op in order:
+            quantizer.set_op_type(op, config)
+        result = requant.api.quantize(proto, data, target="tosa-int8", quantizer=quantizer, measure=False,
+                                      bias_correction=False, method="minmax")  # fmt: skip
+        texts.add(result.mlir())
+    assert len(texts) == 1
+    why = [r["why"] for r in result.report["tosa"]["rescales"]]
+    assert any(w.startswith("Concat '") and "to the output's scale and zero point" in w for w in why)
+    assert any(w.startswith("Add '") and "int32 scale" in w for w in why)
+
+
 def test_a_users_quantizer_follows_the_target_and_its_order_does_not_matter() -> None:
     """A ``Quantizer()`` made without a table matches against the target's (ONNX Runtime's pads a
     3-channel conv's input to 4 channels for its ConvSym kernel, which TOSA has no use for); the
