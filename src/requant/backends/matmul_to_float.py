@@ -75,6 +75,9 @@ def _rewrite(graph: ir.Graph, matmul: ir.Node) -> bool:
     out = matmul.outputs[0]
     if a_dq is None or w_dq is None or out.is_graph_output() or len(matmul.inputs) != 2:
         return False
+    a_type, w_type = (dq.inputs[0].dtype if dq.inputs[0] is not None else None for dq in (a_dq, w_dq))
+    if a_type == ir.DataType.INT8 and w_type != ir.DataType.INT8:
+        return False  # the kernel's types: int8 activations take int8 weights only
     a_scale, w_scale, weight = constant(a_dq.inputs[1]), constant(w_dq.inputs[1]), constant(w_dq.inputs[0])
     if a_scale is None or a_scale.size != 1 or weight is None or weight.ndim != 2 or w_scale is None:
         return False
