@@ -33,7 +33,8 @@ class UniqueNames(Pass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         result = NameFixPass()(model)
-        return ir.passes.PassResult(model, result.modified)
+        renamed = _rename_repeats(model)
+        return ir.passes.PassResult(model, result.modified or renamed)
 
     def ensures(self, model: ir.Model) -> None:
         from requant.ir.annotations import iter_values
@@ -49,6 +50,38 @@ class UniqueNames(Pass):
                     problems.append(f"'{value.name}' twice")
                 seen.add(value.name or "")
         self.fail_unless(problems, "value names are not unique")
+
+
+def _rename_repeats(model: ir.Model) -> bool:
+    """Give a fresh name to each value (and node) whose name an earlier one of the model (subgraphs
+    included) already has, but the main graph's inputs and outputs: onnx-ir's NameFixPass names each
+    graph on its own, and silero-vad's two If branches each got a 'v' for their LSTM's unused output."""
+    from requant.ir.annotations import iter_values
+    from requant.ir.queries import fresh_name
+
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    interface = {id(v) for v in (*model.graph.inputs, *model.graph.outputs)}
+    renamed = False
+    for graph in graphs:
+        values = list(iter_values(graph))
+        taken = {v.name for v in values}
+        seen: set[str | None] = {v.name for v in values if id(v) in interface}
+        for value in values:
+            if id(value) in interface:
+                continue
+            if value.name in seen:
+                value.name = fresh_name(value.name or "val", taken)
+                renamed = True
+            seen.add(value.name)
+        nodes = list(ir.traversal.RecursiveGraphIterator(graph))
+        taken_nodes: set[str | None] = {n.name for n in nodes}
+        seen_nodes: set[str | None] = set()
+        for node in nodes:
+            if node.name in seen_nodes:
+                node.name = fresh_name(node.name or "node", taken_nodes)
+                renamed = True
+            seen_nodes.add(node.name)
+    return renamed
 
 
 PASS = UniqueNames
