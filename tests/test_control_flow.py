@@ -75,6 +75,11 @@ def test_a_loop_model_quantizes_and_runs() -> None:
     float_model = load_onnx_text(LOOP_MODEL)
     result = requant.api.quantize(load_onnx_text(LOOP_MODEL), data, measure=False)
     assert result.report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1}  # the main graph's MatMul
+    # the body's MatMul stays float, and the report says so (silero-vad's whole model is an If's branches)
+    (warning,) = result.report["quantizers"]["warnings"]
+    (loop,) = [n.name for n in result.model.graph if n.op_type == "Loop"]
+    assert warning.startswith(f"1 convolution or linear layer inside the bodies of '{loop}' (If, Loop, Scan) stay")
+    assert f"warning: {warning}" in result.report["summary"]
     w = np.array(eval(WEIGHT.replace("{", "[").replace("}", "]")), np.float32).reshape(4, 4)
     growth = np.abs(w + np.eye(4)).sum(0).max() ** 3  # the body, x -> x V + x, three times
     for sample in data:

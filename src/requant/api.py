@@ -941,6 +941,7 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
                 f"; {len(by_table)} ops kept float by the target's table for accuracy cost {price:.1f} us (modelled)"
             )
         lines.append(line)
+    lines += [f"warning: {w}" for w in report["quantizers"].get("warnings", [])]
     tosa = report.get("tosa")
     if tosa:
         kernels = {k: v for k, v in tosa["ops"].items() if k in ("conv2d", "depthwise_conv2d", "matmul")}

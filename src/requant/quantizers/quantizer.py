@@ -49,6 +49,23 @@ def _given(presets: tuple[str, str] | None) -> tuple[tuple[str, str], ...]:
     return () if presets is None else (presets,)
 
 
+def _kernels_in_bodies(model: ir.Model) -> dict[str, int]:
+    """How many convolutions and linear layers each control-flow node of the main graph holds in its
+    bodies (subgraphs, recursively), by node name; none: empty."""
+    found = {}
+    for node in model.graph:
+        bodies = [a.value for a in node.attributes.values() if isinstance(a.value, ir.Graph)]
+        count = sum(
+            1
+            for body in bodies
+            for inner in ir.traversal.RecursiveGraphIterator(body)
+            if inner.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU")
+        )
+        if count:
+            found[node.name or node.op_type] = count
+    return found
+
+
 class StrictQuantizationError(RequantError):
     """Strict mode: a node asked to be quantized could not be; names the node and the reason."""
 
@@ -293,6 +310,20 @@ class Quantizer:
                 warning = f"{record.finder} selected no node: check the name, path or type"
                 report.warnings.append(warning)
                 log.warning(warning)
+        hidden = _kernels_in_bodies(model)
+        if hidden:
+            count = sum(hidden.values())
+            where = ", ".join(f"'{name}'" for name in list(hidden)[:3]) + (", ..." if len(hidden) > 3 else "")
+            plural = count != 1
+            warning = (
+                f"{count} convolution{'s' if plural else ''} or linear layer{'s' if plural else ''} inside the "
+                f"bodies of {where} (If, Loop, Scan) {'stay' if plural else 'stays'} float: requant quantizes "
+                "the main graph. "
+                "An If whose condition depends only on inputs that are constants folds away (its branch joins "
+                "the main graph): give the model those inputs as initializers"
+            )
+            report.warnings.append(warning)
+            log.warning(warning)
         report.unannotated = [n.name or n.op_type for n in model.graph if n not in state.annotated]
         log.info("%s", report.summary())
         log.debug("%s", report.details())
