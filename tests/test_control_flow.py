@@ -3,12 +3,17 @@ main graph around them, and ONNX Runtime runs the output."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
 import requant.api
+from requant.cli import main
+from requant.errors import RequantError
 from requant.frontends import load_onnx_text
 from requant.ir.verifier import VerifyError
 from requant.passes import get_passes, run_passes
@@ -126,3 +131,48 @@ def test_a_relu_after_a_float_output_matmul_does_not_stop_onnx_runtime_fusing_it
     for sample in data:
         error = np.abs(_run(result.model, sample) - _run(float_model, sample))
         assert error.max() <= growth * _bound(result.model, sample["X"], w).max() + 1e-5
+
+
+FLAG_MODEL = f"""
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[1,4] X, bool C) => (float[1,4] Y) {{
+    W = Constant <value = float[4,4] {WEIGHT}> ()
+    Y = If (C) <then_branch = then_g () => (float[1,4] t) {{
+        h = MatMul(X, W)
+        t = Relu(h)
+    }}, else_branch = else_g () => (float[1,4] e) {{
+        e = Neg(X)
+    }}>
+}}
+"""
+
+
+def test_a_fixed_input_folds_the_if_and_its_branch_is_quantized(tmp_path: Path) -> None:
+    """The whole model in an If's branch (silero-vad): float, with a warning; with the flag fixed, the
+    branch taken is the main graph and its MatMul int8. Samples may still hold the fixed input."""
+    rng = np.random.default_rng(2)
+    data = [{"X": rng.uniform(-1, 1, (1, 4)).astype(np.float32), "C": np.array(True)} for _ in range(16)]
+    plain = requant.api.quantize(load_onnx_text(FLAG_MODEL), data, measure=False)
+    assert plain.report["lint"]["int8_kernels"] == {} and "stays float" in plain.report["quantizers"]["warnings"][0]
+    fixed = requant.api.quantize(load_onnx_text(FLAG_MODEL), data, measure=False, fixed_inputs={"C": True})
+    assert fixed.report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1}
+    assert [v.name for v in fixed.model.graph.inputs] == ["X"] and fixed.report["fixed_inputs"] == {"C": True}
+    assert "fixed inputs: C = True" in fixed.report["summary"]
+    float_model = load_onnx_text(FLAG_MODEL)
+    w = np.array(eval(WEIGHT.replace("{", "[").replace("}", "]")), np.float32).reshape(4, 4)
+    for sample in data:
+        got, want = _run(fixed.model, {"X": sample["X"]}), _run(float_model, sample)
+        assert (np.abs(got - want) <= _bound(fixed.model, sample["X"], w) + 1e-6).all()
+    with pytest.raises(RequantError, match="fixed input 'D': the model has no input of that name .*C, X"):
+        requant.api.quantize(load_onnx_text(FLAG_MODEL), data, measure=False, fixed_inputs={"D": 1})
+    # the command line: --fix-input NAME=VALUE; a malformed one is an error before any work
+    model, calib, out = tmp_path / "m.onnx", tmp_path / "c.npz", tmp_path / "q.onnx"
+    ir.save(load_onnx_text(FLAG_MODEL), model)
+    np.savez(calib, X=np.concatenate([d["X"] for d in data]))
+    assert (
+        main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "--fix-input", "C=1", "--no-measure"]) == 0
+    )
+    assert [i.name for i in onnx.load(out).graph.input] == ["X"]
+    bad = tmp_path / "bad.onnx"
+    assert main(["quantize", str(model), "-o", str(bad), "--calib", str(calib), "--fix-input", "C"]) != 0
+    assert not bad.exists()

@@ -779,6 +779,8 @@ def quantize(
         "size_bytes": {"float": run.float_size, "quantized": quantized_proto.ByteSize()},
         "quantize_seconds": time.perf_counter() - started,
     }
+    if load_options.get("fixed_inputs"):
+        report["fixed_inputs"] = {name: np.asarray(v).tolist() for name, v in load_options["fixed_inputs"].items()}
     if run.float_proto is not None:
         reference = reference or _Reference(session(run.float_proto))  # the budget's, with its outputs
         f_session, q_session = reference.session, session(quantized_proto)  # once: latency and evaluation
@@ -909,6 +911,9 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     """The text printed at the end of ``requant quantize``."""
     size = report["size_bytes"]
     lines = [f"target: {report['target']}"]
+    if report.get("fixed_inputs"):
+        given = ", ".join(f"{k} = {v}" for k, v in report["fixed_inputs"].items())
+        lines.append(f"fixed inputs: {given} (constants now: the quantized model does not take them)")
     if report["quantizers"].get("preset_choice"):
         lines.append(f"preset: {report['quantizers']['preset_choice']}")
     if report.get("method_choice"):

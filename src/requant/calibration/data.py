@@ -41,6 +41,7 @@ import onnx_ir as ir
 
 from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
+from requant.frontends.fixed import fixed_inputs
 
 __all__ = ["Replayed", "Sample", "check_exists", "check_sample", "iter_samples", "model_inputs", "read_labels"]
 
@@ -413,7 +414,10 @@ def _checked_samples(model: ir.Model, source: Any, what: str) -> Iterator[Sample
     count = 0
     peaks: dict[str, pyarray.array[float]] = {}  # 8 bytes a sample
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what)
+    fixed = fixed_inputs(model)
     for count, raw in enumerate(raws, start=1):
+        if fixed and isinstance(raw, Mapping):  # given once for all: not fed
+            raw = {name: array for name, array in raw.items() if name not in fixed}
         sample = _check(specs, raw, f"{what} sample {count}", hint)
         for name, value in sample.items():
             if _floating(value.dtype) and value.size:

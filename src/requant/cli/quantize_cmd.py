@@ -108,6 +108,14 @@ def register(commands: Any) -> None:
         action="store_false",
         help="skip the latency measurement (float and int8 runs interleaved, at most 2 s)",
     )
+    sub.add_argument(
+        "--fix-input",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="make input NAME a constant of VALUE (a number, or numbers separated by commas), as a setting "
+        "the model branches on: its If folds and the branch taken is quantized (repeatable)",
+    )
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
     sub.add_argument(
@@ -124,6 +132,25 @@ def _data(path: str | None, images: Any) -> Any:
     if folder.is_dir() and image_files(folder):
         return ImageFolder(folder, images)
     return path
+
+
+def _fixed(given: list[str]) -> dict[str, list[float] | float]:
+    """``--fix-input NAME=VALUE`` flags as input name -> value (a number, or a list of them)."""
+    fixed: dict[str, list[float] | float] = {}
+    for text in given:
+        name, sep, value = text.partition("=")
+        try:
+            numbers = [float(v) for v in value.split(",")] if sep and name and value else None
+        except ValueError:
+            numbers = None
+        if numbers is None:
+            raise RequantError(f"--fix-input {text!r}: expected NAME=VALUE, a number or numbers separated by commas")
+        fixed[name.strip()] = numbers if len(numbers) > 1 else numbers[0]
+    return fixed
+
+
+def _load_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"fixed_inputs": _fixed(args.fix_input)} if args.fix_input else {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         measure=args.measure,
         rounding=args.rounding,
         accumulator_bits=args.accumulator_bits,
+        **_load_options(args),
     )
     texts = {}
     if settings.report_json:

@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from requant.frontends.fixed import fix_inputs
 from requant.frontends.onnx_loader import (
     LoadError,
     SaveError,
@@ -41,15 +42,21 @@ def load(
     source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model | Any,
     example_inputs: Sequence[Any] | Any | None = None,
     dynamic_shapes: Mapping[str, Any] | Sequence[Any] | None = None,
+    fixed_inputs: Mapping[str, Any] | None = None,
 ) -> ir.Model:
     """Load a model from wherever it comes: an ONNX file, bytes or proto, or a PyTorch module.
 
-    A PyTorch module needs ``example_inputs`` (and may take ``dynamic_shapes``).
+    A PyTorch module needs ``example_inputs`` (and may take ``dynamic_shapes``). ``fixed_inputs``:
+    inputs that become constants of these values (:mod:`requant.frontends.fixed`).
     """
     if hasattr(source, "forward") and hasattr(source, "parameters"):
         if example_inputs is None:
             raise LoadError(f"loading the PyTorch module {type(source).__name__} needs example_inputs=")
-        return load_torch(source, example_inputs, dynamic_shapes)
-    if example_inputs is not None or dynamic_shapes is not None:
+        model = load_torch(source, example_inputs, dynamic_shapes)
+    elif example_inputs is not None or dynamic_shapes is not None:
         raise LoadError("example_inputs and dynamic_shapes are for PyTorch modules, not ONNX models")
-    return load_onnx(source)
+    else:
+        model = load_onnx(source)
+    if fixed_inputs:
+        fix_inputs(model, fixed_inputs)
+    return model
