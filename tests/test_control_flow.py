@@ -173,6 +173,11 @@ def test_a_fixed_input_folds_the_if_and_its_branch_is_quantized(tmp_path: Path) 
         main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "--fix-input", "C=1", "--no-measure"]) == 0
     )
     assert [i.name for i in onnx.load(out).graph.input] == ["X"]
+    config, from_file = tmp_path / "run.toml", tmp_path / "f.onnx"
+    config.write_text("[fixed_inputs]\nC = 1\n")  # a config file's [fixed_inputs] table does the same
+    assert main(["quantize", str(model), "-o", str(from_file), "--calib", str(calib), "--config", str(config),
+                 "--no-measure"]) == 0  # fmt: skip
+    assert [i.name for i in onnx.load(from_file).graph.input] == ["X"]
     bad = tmp_path / "bad.onnx"
     assert main(["quantize", str(model), "-o", str(bad), "--calib", str(calib), "--fix-input", "C"]) != 0
     assert not bad.exists()

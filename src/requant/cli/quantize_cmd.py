@@ -149,8 +149,10 @@ def _fixed(given: list[str]) -> dict[str, list[float] | float]:
     return fixed
 
 
-def _load_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"fixed_inputs": _fixed(args.fix_input)} if args.fix_input else {}
+def _load_options(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    """The config file's fixed inputs, then the command line's (which win)."""
+    fixed = {**settings.fixed_inputs, **_fixed(args.fix_input)}
+    return {"fixed_inputs": fixed} if fixed else {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         measure=args.measure,
         rounding=args.rounding,
         accumulator_bits=args.accumulator_bits,
-        **_load_options(args),
+        **_load_options(args, settings),
     )
     texts = {}
     if settings.report_json:
