@@ -21,6 +21,7 @@ __all__ = [
     "is_op",
     "keeps_interface",
     "new_initializer",
+    "take_over",
 ]
 
 
@@ -59,6 +60,20 @@ def adopt_name(old: ir.Value, new: ir.Value) -> None:
     name = old.name
     old.name = None
     new.name = name
+
+
+def take_over(node: ir.Node, new: ir.Value, name: bool = True) -> None:
+    """``new`` computes what ``node``'s output did (a fold into its producer): it takes that output's
+    readers, its shape and type where they are known, and, with ``name`` and unless either is a graph
+    output, its name (tools comparing by name find it); ``node`` goes."""
+    old = node.outputs[0]
+    new.shape, new.type = old.shape or new.shape, old.type or new.type
+    if name and not new.is_graph_output() and not old.is_graph_output():
+        adopt_name(old, new)
+    replace_value(old, new)
+    graph = node.graph
+    assert graph is not None
+    graph.remove(node, safe=True)
 
 
 def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:

@@ -29,9 +29,8 @@ import numpy.typing as npt
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from requant.ir.annotations import replace_value
 from requant.passes._base import NodeRewrite
-from requant.passes._rewrite import adopt_name, constant, is_op, new_initializer
+from requant.passes._rewrite import adopt_name, constant, is_op, new_initializer, take_over
 
 __all__ = ["PASS", "FoldBatchNorm"]
 
@@ -112,12 +111,7 @@ def _fold(bn: ir.Node) -> bool:
             producer.resize_inputs(3)
         producer.replace_input_with(2, bias)
         result = x
-    out = bn.outputs[0]
-    result.shape, result.type = out.shape, out.type
-    if result is x and not x.is_graph_output() and not out.is_graph_output():
-        adopt_name(out, result)  # it computes what the batch norm did: tools comparing by name find it
-    replace_value(out, result)
-    graph.remove(bn, safe=True)
+    take_over(bn, result, name=result is x)  # (a MatMul's new Add has the name already)
     return True
 
 

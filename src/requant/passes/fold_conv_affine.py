@@ -32,9 +32,8 @@ import numpy.typing as npt
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from requant.ir.annotations import replace_value
 from requant.passes._base import Pass
-from requant.passes._rewrite import adopt_name, all_nodes, constant, is_op, new_initializer
+from requant.passes._rewrite import all_nodes, constant, is_op, new_initializer, take_over
 
 __all__ = ["PASS", "FoldConvAffine"]
 
@@ -92,11 +91,7 @@ def _fold(conv: ir.Node) -> bool:
     if len(conv.inputs) < 3:
         conv.resize_inputs(3)
     conv.replace_input_with(2, new_initializer(graph, f"{result.name or 'conv'}_bias", b.astype(weight.dtype)))
-    out.shape, out.type = result.shape or out.shape, result.type or out.type
-    if not result.is_graph_output():
-        adopt_name(result, out)  # it computes what the folded op did: tools comparing by name find it
-    replace_value(result, out)
-    graph.remove(node, safe=True)
+    take_over(node, out)
     return True
 
 
