@@ -419,10 +419,7 @@ class _Lowering:
         the values as ``[outer, K, inner]`` with the indices repeated for each outer row."""
         x = self.same_scale(node)
         x = self.nchw(x)
-        index_value = node.inputs[1]
-        indices = constant(index_value)
-        if indices is None and index_value is not None:
-            indices = self.integers.get(str(index_value.name))
+        indices = self.known(node.inputs[1])
         if indices is None:
             raise TosaError(f"node '{_name(node)}' (Gather): its indices are not known when the shapes are static")
         axis = node.attributes.get_int("axis", 0) % len(x.shape)
@@ -464,9 +461,7 @@ class _Lowering:
             x = self.same_scale(node)
         if node.attributes.get_string("mode", "constant") != "constant" or (len(node.inputs) > 3 and node.inputs[3]):
             raise TosaError(f"node '{_name(node)}' (Pad): a constant pad of every axis is lowered, not this one")
-        pads = constant(node.inputs[1]) if len(node.inputs) > 1 else None
-        if pads is None and len(node.inputs) > 1 and node.inputs[1] is not None:
-            pads = self.integers.get(str(node.inputs[1].name))
+        pads = self.known(node.inputs[1]) if len(node.inputs) > 1 else None
         if pads is None:
             raise TosaError(f"node '{_name(node)}' (Pad): its pads are not known when the shapes are static")
         rank = len(x.shape)
@@ -527,7 +522,7 @@ class _Lowering:
         axis taken every ``k``-th element (YOLOX's Focus stem, ``x[..., ::2, ::2]``) is first viewed as
         ``[size / k, k]`` (TOSA's slice has no step), sliced on both, and merged back."""
         x = self.nchw(self.same_scale(node))
-        known = [self.known(v, node) if v is not None else None for v in node.inputs[1:5]]
+        known = [self.known(v) for v in node.inputs[1:5]]
         starts, ends = known[0], known[1]
         if starts is None or ends is None:
             raise TosaError(f"node '{_name(node)}' (Slice): its starts and ends are not known for static shapes")
@@ -557,8 +552,11 @@ class _Lowering:
             name = self.add("reshape", [name], tuple(shape), "i8", new_shape=list(shape))
         self.finish(node, name, tuple(shape), False)
 
-    def known(self, value: ir.Value, node: ir.Node) -> Array | None:
-        """An integer input's values: a constant, or what the model computes once the shapes are static."""
+    def known(self, value: ir.Value | None) -> Array | None:
+        """An integer input's values (flat): a constant, or what the model computes once the shapes are
+        static; None when neither."""
+        if value is None:
+            return None
         data = constant(value)
         if data is None:
             data = self.integers.get(str(value.name))
