@@ -19,6 +19,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from requant.errors import RequantError
 from requant.ir.queries import DEFAULT_DOMAINS
 from requant.ir.requests import NoQuant, QuantizationSpec
+from requant.ir.traits import WEIGHTED
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig, choose_preset
 from requant.quantizers.finders import (
     Global,
@@ -50,16 +51,13 @@ def _given(presets: tuple[str, str] | None) -> tuple[tuple[str, str], ...]:
 
 
 def _kernels_in_bodies(model: ir.Model) -> dict[str, int]:
-    """How many convolutions and linear layers each control-flow node of the main graph holds in its
-    bodies (subgraphs, recursively), by node name; none: empty."""
+    """How many weighted ops (``WEIGHTED``: convolutions, linear layers, LSTMs) each control-flow node of
+    the main graph holds in its bodies (subgraphs, recursively), by node name; none: empty."""
     found = {}
     for node in model.graph:
         bodies = [a.value for a in node.attributes.values() if isinstance(a.value, ir.Graph)]
         count = sum(
-            1
-            for body in bodies
-            for inner in ir.traversal.RecursiveGraphIterator(body)
-            if inner.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU")
+            1 for body in bodies for inner in ir.traversal.RecursiveGraphIterator(body) if inner.op_type in WEIGHTED
         )
         if count:
             found[node.name or node.op_type] = count
