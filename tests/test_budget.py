@@ -1,4 +1,5 @@
-"""The accuracy budget (``max_drop``): the fewest most effective kernels kept float until the drop fits."""
+"""The accuracy budget (``max_drop``): the fewest kernels kept float (the most effective, or the first in graph
+order) until the drop fits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import requant
 from requant.errors import ArgumentError
 from requant.ir.requests import QuantizationSpec
 from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
-from requant.report.budget import choose_metric, drop, fewest
+from requant.report.budget import choose_metric, drop, fewest, fewest_of
 from tests.host import PAIRS_SATURATE
 from tests.test_quantize import run_cli
 
@@ -34,6 +35,39 @@ def test_fewest_finds_the_smallest_k_trying_each_once(needed: int) -> None:
 
 def test_fewest_says_when_not_even_all_are_enough() -> None:
     assert fewest(6, lambda k: False) is None and fewest(0, lambda k: True) is None
+
+
+@pytest.mark.parametrize(("ranked", "first", "expected"), [
+    (5, 3, ("first", 3)),  # the region from the inputs needs fewer
+    (2, 7, ("ranked", 2)),
+    (4, 4, ("first", 4)),  # a tie: the family named last (one region, fewer boundaries)
+    (13, 13, ("first", 13)),
+    (None, 9, ("first", 9)),  # one family never meets it
+    (None, None, None),
+])  # fmt: skip
+def test_fewest_of_two_families(ranked: int | None, first: int | None, expected: tuple | None) -> None:
+    needed = {"ranked": ranked, "first": first}
+    tried: list[tuple[str, int]] = []
+
+    def within(family: str, k: int) -> bool:
+        tried.append((family, k))
+        return needed[family] is not None and k >= needed[family]
+
+    assert fewest_of(["ranked", "first"], 13, within) == expected
+    assert len(tried) == len(set(tried))  # each pair once
+    # doubling for both (1, 2, 4, 8, 13), then bisecting below the first k met: a few more each
+    assert len(tried) <= 2 * 5 + 2 * 3
+
+
+def test_fewest_of_stops_doubling_at_the_first_k_any_family_meets() -> None:
+    tried: list[tuple[str, int]] = []
+
+    def within(family: str, k: int) -> bool:
+        tried.append((family, k))
+        return family == "first" and k >= 2
+
+    assert fewest_of(["ranked", "first"], 53, within) == ("first", 2)
+    assert tried == [("ranked", 1), ("first", 1), ("ranked", 2), ("first", 2)]  # never 4, 8, ... 53
 
 
 def test_the_metric_and_its_drop() -> None:
@@ -62,15 +96,21 @@ def _clipping() -> Quantizer:
 
 
 def test_a_budget_keeps_the_kernel_that_loses_most_float() -> None:
-    """A clipped activation: 22 digits in 450 change; with no disagreement allowed, the kernel reading
-    it (found by its measured effect on the output) is kept float, and the budget holds."""
+    """A clipped activation: 22 digits in 450 change; with no disagreement allowed, one kernel kept
+    float is enough either way: the one reading it (found by its measured effect on the output) or
+    the one writing it (the first in graph order: its output is then quantized as the reader asks,
+    without the clipping). A tie goes to the region from the inputs."""
     result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", quantizer=_clipping(),
                               eval_data=DIGITS / "eval.npz", max_drop=0.0, metric="top1", measure=False)  # fmt: skip
     budget = result.report["accuracy_budget"]
     assert budget["met"] and budget["first_drop"] > 0.04 and budget["final_drop"] == 0.0  # measured: 0.049
-    assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d_1"]
-    assert budget["kept_float"][0]["effect_db"] > 3  # measured: 3.7 dB
-    assert [t["kept_float"] for t in budget["tries"]] == [0, 1]
+    tries = [(t["kept_float"], t["family"], t["nodes"], t["drop"]) for t in budget["tries"]]
+    assert tries == [(0, "ranked", [], budget["first_drop"]), (1, "ranked", ["node_conv2d_1"], 0.0),
+                     (1, "first", ["node_conv2d"], 0.0)]  # fmt: skip
+    assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d"] and budget["family"] == "first"
+    effects = {k["node"]: k["effect_db"] for k in budget["kept_float"]}
+    assert effects["node_conv2d"] is not None
+    assert "with the first 1 of 3 kernels kept float" in result.report["summary"]
 
 
 @pytest.mark.skipif(not PAIRS_SATURATE, reason="full-range int8 weights saturate only on CPUs without VNNI")
@@ -135,6 +175,7 @@ def test_a_generator_of_evaluation_samples_is_read_once_and_kept_for_every_try()
     result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", quantizer=_clipping(),
                               eval_data=samples, max_drop=0.0, metric="top1", measure=False)  # fmt: skip
     budget = result.report["accuracy_budget"]
-    assert budget["met"] and len(budget["tries"]) >= 2  # every try evaluated on the whole set, not an empty one
-    assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d_1"]
+    assert budget["met"] and len(budget["tries"]) == 3  # every try evaluated on the whole set, not an empty one
+    assert [t["drop"] for t in budget["tries"][1:]] == [0.0, 0.0]
+    assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d"]
     assert result.report["evaluation"]["samples"] == len(x)

@@ -51,7 +51,16 @@ from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.quantizers.placement import Placement, place, price_kept_float
 from requant.quantizers.quantizer import FLOAT_PLACED
-from requant.report.budget import METRICS, BudgetStep, choose_metric, describe, drop, effect_ranking, fewest
+from requant.report.budget import (
+    FAMILIES,
+    METRICS,
+    BudgetStep,
+    choose_metric,
+    describe,
+    drop,
+    effect_ranking,
+    fewest_of,
+)
 from requant.report.compare import CompareError, compare
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
@@ -556,9 +565,10 @@ def _within_budget(
     calibration_data: Any,
     again: Callable[[_Run, list[str]], _Run],
     reference: _Reference,
-) -> tuple[_Run, dict[str, Any], dict[int, _Run]]:
-    """The run with the fewest most-effective kernels kept float whose drop is within ``max_drop``,
-    the budget's record (every try), and every try's run by its number of float kernels."""
+) -> tuple[_Run, dict[str, Any], list[_Run]]:
+    """The run with the fewest kernels kept float (the most effective ones, or the first ones in graph
+    order: :mod:`requant.report.budget`) whose drop is within ``max_drop``, the budget's record (every
+    try) and every try's run, in the order of the record's tries."""
     assert run.float_proto is not None  # kept: there is evaluation data
 
     def evaluate(candidate: _Run) -> dict[str, float]:
@@ -572,23 +582,35 @@ def _within_budget(
     if steps[0].drop > max_drop and measured:
         samples = list(itertools.islice(iter_samples(run.converted.model, calibration_data), RANKING_SAMPLES))
         effects = dict(effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session))
-    ranked = sorted(measured, key=lambda n: (-effects.get(n, -math.inf), measured[n], n))
-    runs = {0: run}
+    position = {node.name: i for i, node in enumerate(run.converted.model.graph)}
+    orders = {
+        "ranked": sorted(measured, key=lambda n: (-effects.get(n, -math.inf), measured[n], n)),
+        "first": sorted(measured, key=lambda n: (position.get(n, len(position)), n)),
+    }
+    runs = [run]
+    by_nodes: dict[frozenset[str], BudgetStep] = {}  # a set both families name is tried once
 
-    def within(k: int) -> bool:
-        nodes = ranked[:k]
-        log.info("accuracy budget: trying %d kernels float", k)
-        runs[k] = again(run, nodes)
-        steps.append(BudgetStep(k, drop(evaluate(runs[k]), chosen), nodes))
-        return steps[-1].drop <= max_drop
+    def within(family: str, k: int) -> bool:
+        nodes = orders[family][:k]
+        known = by_nodes.get(frozenset(nodes))
+        if known is None:
+            log.info("accuracy budget: trying %d kernels float (%s)", k, family)
+            runs.append(again(run, nodes))
+            known = BudgetStep(k, drop(evaluate(runs[-1]), chosen), nodes, family)
+            steps.append(known)
+            by_nodes[frozenset(nodes)] = known
+        return known.drop <= max_drop
 
-    best = 0 if steps[0].drop <= max_drop else fewest(len(ranked), within)
-    met = best is not None
-    if best is None:  # not even with every measured kernel float: the try that lost least
-        best = min(steps, key=lambda s: (s.drop, s.kept_float)).kept_float
+    found = None if steps[0].drop <= max_drop else fewest_of(list(orders), len(measured), within)
+    met = found is not None or steps[0].drop <= max_drop
+    if found is not None:
+        final = by_nodes[frozenset(orders[found[0]][: found[1]])]
+    elif met:
+        final = steps[0]
+    else:  # not even with every measured kernel float: the try that lost least
+        final = min(steps, key=lambda s: (s.drop, s.kept_float))
         log.warning("the accuracy budget %s is not met: the smallest %s is %.4f with %d kernels float",
-                    max_drop, describe(chosen), min(s.drop for s in steps), best)  # fmt: skip
-    final = next(s for s in steps if s.kept_float == best)
+                    max_drop, describe(chosen), final.drop, final.kept_float)  # fmt: skip
     record = {
         "metric": chosen,
         "measures": describe(chosen),
@@ -596,13 +618,15 @@ def _within_budget(
         "met": met,
         "first_drop": steps[0].drop,
         "final_drop": final.drop,
+        "family": final.family if final.kept_float else None,
+        "families": FAMILIES,
         "ranked_by": f"the rise of the output's SQNR when the kernel alone is float ({RANKING_SAMPLES} calibration "
         "samples), largest first",
         "kept_float": [{"node": n, "effect_db": effects.get(n), "sqnr_db": measured[n]} for n in final.nodes],
         "tries": [s.__dict__ for s in steps],
-        "candidates": len(ranked),
+        "candidates": len(measured),
     }
-    return runs[best], record, runs
+    return runs[next(i for i, s in enumerate(steps) if s is final)], record, runs
 
 
 def _check_arguments(**given: Any) -> None:
@@ -742,7 +766,7 @@ def quantize(
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), keep_float_below)
         run = again(run, [k.node for k in low])
     budget: dict[str, Any] | None = None
-    tried: dict[int, _Run] = {}
+    tried: list[_Run] = []  # the budget's tries, in its record's order
     reference: _Reference | None = None
     if max_drop is not None:
         if isinstance(eval_data, Iterator):  # a generator: every try reads it again, so all of it is kept
@@ -788,14 +812,14 @@ def quantize(
             sample = next(iter(iter_samples(quantized, calibration_data)))
             timed = [f_session, q_session]
             # what each try of the budget costs: every model it made, the first int8 one included, beside
-            others = [k for k, candidate in sorted(tried.items()) if candidate is not run]
-            timed += [session(tried[k].converted.proto) for k in others]
+            others = [i for i, candidate in enumerate(tried) if candidate is not run]
+            timed += [session(tried[i].converted.proto) for i in others]
             times = interleaved_latency_ms(timed, sample)
             report["latency_ms_batch1"] = {"float": times[0], "quantized": times[1], "measured": "interleaved"}
             if budget is not None:
                 measured = dict(zip(others, times[2:], strict=True))
-                for step in budget["tries"]:
-                    step["latency_ms"] = measured.get(step["kept_float"], times[1])
+                for i, step in enumerate(budget["tries"]):
+                    step["latency_ms"] = measured.get(i, times[1])
                 budget["latency_ms_before"] = budget["tries"][0]["latency_ms"]
         if eval_data is not None:
             report["evaluation"] = _agreement(quantized, reference, q_session, eval_data)
@@ -897,13 +921,17 @@ def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None)
     if kept:
         names = ", ".join(f"{k['node']} (+{k['effect_db']:.1f} dB)" if k["effect_db"] is not None else k["node"]
                           for k in kept[:3]) + (", ..." if len(kept) > 3 else "")  # fmt: skip
-        line += f", {budget['final_drop']:.4f} with {len(kept)} of {budget['candidates']} kernels kept float: {names}"
+        which = "the first" if budget.get("family") == "first" else "the most effective"
+        line += f", {budget['final_drop']:.4f} with {which} {len(kept)} of {budget['candidates']} kernels kept float"
+        line += f": {names}"
     line += f"; {len(budget['tries']) - 1} re-quantizations"
     if not budget["met"]:
         line += " (NOT MET: the try that lost least is kept)"
     if latency and "latency_ms_before" in budget:
         line += f"; latency {budget['latency_ms_before'] / latency['float']:.2f}x -> "
         line += f"{latency['quantized'] / latency['float']:.2f}x of float"
+        if latency["quantized"] > latency["float"]:
+            line += " (slower than the float model: it meets any budget)"
     return line
 
 

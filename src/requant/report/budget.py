@@ -8,13 +8,25 @@ The drop is measured on the evaluation data, by one of three metrics:
 
 The default is ``accuracy`` when the evaluation data has labels, else ``top1``.
 
-The kernels are ranked by their measured effect (:func:`effect_ranking`): how much the first
-output's SQNR against the float model rises when that kernel alone computes in float, in ONNX
-Runtime with every other kernel fused as it is (a kernel that saturates on this CPU shows). The
-search keeps the ``k`` most effective float, ``k`` found by doubling and then bisection: the fewest
-for which the re-quantized model's drop is within the budget, each try a quantization and an
-evaluation (every try is in the report). It assumes that keeping more kernels float never raises
-the drop, and effects measured one at a time do not add up; both show in the report's tries.
+Two families of kernel sets are tried (:func:`fewest_of`):
+
+- ``ranked``: the ``k`` most effective kernels, ranked by their measured effect
+  (:func:`effect_ranking`): how much the first output's SQNR against the float model rises when
+  that kernel alone computes in float, in ONNX Runtime with every other kernel fused as it is (a
+  kernel that saturates on this CPU shows);
+- ``first``: the first ``k`` kernels in graph order, one float region from the model's inputs.
+  Errors made early are carried through every later layer, and one region has one float/int8
+  boundary: on MobileNetV2 (bench data, top-1 disagreement 0.103) its first 3 kernels float gave
+  0.080 at 0.70x float latency, where the 21 most effective, scattered, gave 0.060 at 1.60x (every
+  boundary a DequantizeLinear, a QuantizeLinear and a layout change).
+
+``k`` grows by doubling for both families at once, then each family that met the budget is
+bisected below the smallest ``k`` met; each try is a quantization and an evaluation (every try is
+in the report; a set of kernels is tried once, whichever family names it). The fewest kernels
+win, and on a tie the ``first`` region (fewer boundaries). It assumes that keeping more kernels
+float never raises the drop, and effects measured one at a time do not add up; both show in the
+report's tries (measured on MobileNetV2: scattered float kernels made the top-1 disagreement
+*worse*, 0.103 -> 0.120 with 16, before it fell).
 ONNX Runtime's CPU provider has no fast 16-bit kernel (a uint16 convolution runs in float between
 conversions), so on its targets a kernel is promoted straight to float.
 """
@@ -31,7 +43,17 @@ import onnx
 
 from requant.errors import RequantError
 
-__all__ = ["METRICS", "BudgetError", "BudgetStep", "choose_metric", "drop", "effect_ranking", "fewest"]
+__all__ = [
+    "FAMILIES",
+    "METRICS",
+    "BudgetError",
+    "BudgetStep",
+    "choose_metric",
+    "drop",
+    "effect_ranking",
+    "fewest",
+    "fewest_of",
+]
 
 METRICS = ("accuracy", "top1", "cosine")
 _NAMES = {"accuracy": "accuracy drop", "top1": "top-1 disagreement", "cosine": "1 - cosine"}
@@ -65,39 +87,63 @@ def describe(metric: str) -> str:
     return _NAMES[metric]
 
 
+# the families of kernel sets a budget tries, and what each means (the report's words)
+FAMILIES = {
+    "ranked": "the most effective kernels (measured one at a time)",
+    "first": "the first kernels in graph order (one float region from the inputs)",
+}
+
+
 @dataclass
 class BudgetStep:
-    """One try: ``kept_float`` kernels kept float (the lowest-SQNR ones), and the drop measured."""
+    """One try: ``kept_float`` kernels kept float (``family``'s first ones), and the drop measured."""
 
     kept_float: int
     drop: float
     nodes: list[str] = field(default_factory=list)
+    family: str = "ranked"
 
 
 def fewest(count: int, within: Callable[[int], bool]) -> int | None:
     """The smallest ``k`` in ``[1, count]`` with ``within(k)``, by doubling then bisection (each ``k``
     tried once); None when not even ``count`` is within."""
-    tried: dict[int, bool] = {}
+    found = fewest_of(["only"], count, lambda _, k: within(k))
+    return None if found is None else found[1]
 
-    def ok(k: int) -> bool:
-        if k not in tried:
-            tried[k] = within(k)
-        return tried[k]
 
-    bad, k = 0, 1
-    while k < count and not ok(k):
-        bad, k = k, 2 * k
-    k = min(k, count)
-    if count < 1 or not ok(k):
+def fewest_of(families: Sequence[str], count: int, within: Callable[[str, int], bool]) -> tuple[str, int] | None:
+    """The family and smallest ``k`` in ``[1, count]`` with ``within(family, k)``: ``k`` doubles for
+    every family at once until one is within, then each family within there is bisected below it
+    (each pair tried once). The smallest ``k`` wins; a tie goes to the family named last. None
+    when no family is within even at ``count``."""
+    tried: dict[tuple[str, int], bool] = {}
+
+    def ok(family: str, k: int) -> bool:
+        if (family, k) not in tried:
+            tried[family, k] = within(family, k)
+        return tried[family, k]
+
+    if count < 1:
         return None
-    good = k
-    while good - bad > 1:
-        middle = (good + bad) // 2
-        if ok(middle):
-            good = middle
-        else:
-            bad = middle
-    return good
+    bad, k = 0, 1
+    while True:
+        k = min(k, count)
+        hits = [f for f in families if ok(f, k)]
+        if hits or k == count:
+            break
+        bad, k = k, 2 * k
+    best: tuple[str, int] | None = None
+    for family in hits:
+        low, good = bad, k  # not within at ``low`` (or 0), within at ``good``
+        while good - low > 1:
+            middle = (good + low) // 2
+            if ok(family, middle):
+                good = middle
+            else:
+                low = middle
+        if best is None or good <= best[1]:
+            best = (family, good)
+    return best
 
 
 def _float_variant(

@@ -238,39 +238,55 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
     if not budget:
         return []
     tries = sorted(budget["tries"], key=lambda t: t["kept_float"])
-
+    start = tries[0]  # nothing kept float: the first point of every family's line
+    families = {t.get("family", "ranked") for t in tries[1:]} or {"ranked"}
     float_ms = (report.get("latency_ms_batch1") or {}).get("float")
+    colors = {"ranked": ("#2e86c1", "#e67e22"), "first": ("#27ae60", "#8e44ad")}
+
+    def line(family: str) -> list[Mapping[str, Any]]:
+        return [start, *(t for t in tries[1:] if t.get("family", "ranked") == family)]
 
     def draw(axes: Any) -> None:
-        axes.plot([t["kept_float"] for t in tries], [t["drop"] for t in tries], marker="o", color="#2e86c1",
-                  label=budget["measures"])  # fmt: skip
+        cost = axes.twinx() if float_ms and all("latency_ms" in t for t in tries) else None  # what each try costs
+        for family in sorted(families):
+            points, (color, cost_color) = line(family), colors.get(family, ("#555555", "#999999"))
+            axes.plot([t["kept_float"] for t in points], [t["drop"] for t in points], marker="o", color=color,
+                      label=f"{budget['measures']}: {family}")  # fmt: skip
+            if cost is not None:
+                cost.plot([t["kept_float"] for t in points], [t["latency_ms"] / float_ms for t in points],
+                          marker="s", linestyle=":", color=cost_color, label=f"latency / float: {family}")  # fmt: skip
         axes.axhline(budget["max_drop"], color="#c0392b", linestyle="--", linewidth=0.8, label="budget")
-        axes.set_xlabel("kernels kept float (most effective first)")
+        axes.set_xlabel("kernels kept float")
         axes.set_ylabel(budget["measures"])
         axes.grid(alpha=0.3)
-        if float_ms and all("latency_ms" in t for t in tries):  # what each try costs
-            cost = axes.twinx()
-            cost.plot([t["kept_float"] for t in tries], [t["latency_ms"] / float_ms for t in tries], marker="s",
-                      color="#e67e22", label="latency / float")  # fmt: skip
+        handles = axes.get_legend_handles_labels()[0]
+        if cost is not None:
             cost.set_ylabel("int8 latency / float latency")
-            lines = axes.get_legend_handles_labels()[0] + cost.get_legend_handles_labels()[0]
-            axes.legend(lines, [line.get_label() for line in lines], loc="upper right")
-        else:
-            axes.legend()
+            handles += cost.get_legend_handles_labels()[0]
+        axes.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize="small")
 
     kept = [[k["node"], "" if k["effect_db"] is None else k["effect_db"], k["sqnr_db"]] for k in budget["kept_float"]]
+    named = budget.get("families", {})
+    chosen = f" ({named[budget['family']]})" if budget.get("family") in named else ""
     return [
         "<h2>Accuracy budget</h2>",
-        _figure(_svg(draw, 2.6), f"Each try; {'met' if budget['met'] else 'NOT met'}: {budget['final_drop']:.4f}."),
+        _figure(
+            _svg(draw, 2.6),
+            f"Each try, by family: {', '.join(f'{k}: {v}' for k, v in named.items() if k in families)}; "
+            f"{'met' if budget['met'] else 'NOT met'}: {budget['final_drop']:.4f}{chosen}.",
+        ),
         _table(["kept float", "effect dB", "local SQNR dB"], kept),
         _table(
-            ["kernels kept float", budget["measures"], "latency / float"],
-            [
-                [t["kept_float"], t["drop"], t["latency_ms"] / float_ms if float_ms and "latency_ms" in t else ""]
-                for t in tries
-            ],
+            ["kernels kept float", "family", budget["measures"], "latency / float"],
+            [_try_row(t, float_ms) for t in tries],
         ),
     ]
+
+
+def _try_row(step: Mapping[str, Any], float_ms: float | None) -> list[Any]:
+    family = step.get("family", "ranked") if step["kept_float"] else ""
+    cost = step["latency_ms"] / float_ms if float_ms and "latency_ms" in step else ""
+    return [step["kept_float"], family, step["drop"], cost]
 
 
 def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
