@@ -179,3 +179,23 @@ def test_a_generator_of_evaluation_samples_is_read_once_and_kept_for_every_try()
     assert [t["drop"] for t in budget["tries"][1:]] == [0.0, 0.0]
     assert [k["node"] for k in budget["kept_float"]] == ["node_conv2d"]
     assert result.report["evaluation"]["samples"] == len(x)
+
+
+def test_a_transformers_linear_layers_are_candidates_too() -> None:
+    """Linear layers with float outputs (MatMulIntegerToFloat, which requant writes itself) are not
+    measured by bias correction, yet they are the kernels of a transformer: the budget tries them
+    (before, it had no candidate and said 'not met' without a try)."""
+    from tests.test_linear_layers import D, S, _feed_forward
+
+    rng = np.random.default_rng(1)
+    calibration = {"x": rng.normal(size=(16, S, D)).astype(np.float32)}
+    evaluation = {"x": rng.normal(size=(8, S, D)).astype(np.float32)}
+    result = requant.quantize(_feed_forward(), calibration, eval_data=evaluation, max_drop=1e-6, metric="cosine",
+                              measure=False)  # fmt: skip
+    budget = result.report["accuracy_budget"]
+    assert budget["candidates"] == 2 and budget["first_drop"] > 1e-5  # measured: 1.1e-4
+    assert budget["met"] and budget["final_drop"] <= 1e-6
+    tried = {tuple(t["nodes"]) for t in budget["tries"][1:]}
+    assert ("mm1",) in tried and ("mm1", "mm2") in tried  # the first in graph order, then both
+    assert {k["node"] for k in budget["kept_float"]} <= {"mm1", "mm2"}
+    assert all(k["effect_db"] is None or np.isfinite(k["effect_db"]) for k in budget["kept_float"])

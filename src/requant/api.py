@@ -60,6 +60,7 @@ from requant.report.budget import (
     drop,
     effect_ranking,
     fewest_of,
+    int8_kernels,
 )
 from requant.report.compare import CompareError, compare
 from requant.report.latency import interleaved_latency_ms, session
@@ -577,14 +578,23 @@ def _within_budget(
     first = evaluate(run)
     chosen = choose_metric(metric, "float_accuracy" in first)
     steps = [BudgetStep(0, drop(first, chosen))]
-    measured = {k.node: k.sqnr_db for k in run.converted.kernels}
+    # each kernel's local SQNR where bias correction measured it (convolutions, Gemms); the others
+    # (a transformer's linear layers, LSTMs) are candidates too
+    local = {k.node: k.sqnr_db for k in run.converted.kernels}
+    measured: dict[str, float | None] = {name: local.get(name) for name in int8_kernels(run.converted.model)}
+    measured.update((name, sqnr) for name, sqnr in local.items() if name not in measured)
     effects: dict[str, float] = {}
     if steps[0].drop > max_drop and measured:
         samples = list(itertools.islice(iter_samples(run.converted.model, calibration_data), RANKING_SAMPLES))
         effects = dict(effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session))
     position = {node.name: i for i, node in enumerate(run.converted.model.graph)}
+
+    def by_effect(name: str) -> tuple[float, float, int, str]:  # unmeasured last, in graph order
+        sqnr = measured[name]
+        return (-effects.get(name, -math.inf), math.inf if sqnr is None else sqnr, position.get(name, 0), name)
+
     orders = {
-        "ranked": sorted(measured, key=lambda n: (-effects.get(n, -math.inf), measured[n], n)),
+        "ranked": sorted(measured, key=by_effect),
         "first": sorted(measured, key=lambda n: (position.get(n, len(position)), n)),
     }
     runs = [run]
@@ -622,11 +632,18 @@ def _within_budget(
         "families": FAMILIES,
         "ranked_by": f"the rise of the output's SQNR when the kernel alone is float ({RANKING_SAMPLES} calibration "
         "samples), largest first",
-        "kept_float": [{"node": n, "effect_db": effects.get(n), "sqnr_db": measured[n]} for n in final.nodes],
+        "kept_float": [
+            {"node": n, "effect_db": _measured(effects.get(n)), "sqnr_db": measured[n]} for n in final.nodes
+        ],
         "tries": [s.__dict__ for s in steps],
         "candidates": len(measured),
     }
     return runs[next(i for i, s in enumerate(steps) if s is final)], record, runs
+
+
+def _measured(effect: float | None) -> float | None:
+    """An effect the ranking measured, or None (a kernel it could not make float alone: -inf)."""
+    return effect if effect is not None and math.isfinite(effect) else None
 
 
 def _check_arguments(**given: Any) -> None:

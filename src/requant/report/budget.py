@@ -40,8 +40,10 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from requant.errors import RequantError
+from requant.ir.traits import WEIGHTED
 
 __all__ = [
     "FAMILIES",
@@ -144,6 +146,31 @@ def fewest_of(families: Sequence[str], count: int, within: Callable[[str, int], 
         if best is None or good <= best[1]:
             best = (family, good)
     return best
+
+
+# kernels requant writes itself in ONNX Runtime's integer form (the rest stay DequantizeLinear -> op)
+WRITTEN_INT8 = ("MatMulIntegerToFloat", "DynamicQuantizeLSTM")
+
+
+def int8_kernels(model: ir.Model) -> list[str]:
+    """The names of ``model``'s int8 kernels, in graph order: a weighted op (``traits.WEIGHTED``) whose
+    weight is dequantized from a constant, or one requant wrote in ONNX Runtime's integer form (a
+    linear layer with a float output, an LSTM). The budget's candidates: the convolutions and Gemms
+    that bias correction measures, and these (the linear layers of a transformer)."""
+    names = []
+    for node in model.graph:
+        if not node.name:
+            continue
+        if node.domain == "com.microsoft" and node.op_type in WRITTEN_INT8:
+            names.append(node.name)
+            continue
+        spec = WEIGHTED.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        weight = node.inputs[spec[0]] if spec is not None and len(node.inputs) > spec[0] else None
+        dq = weight.producer() if weight is not None else None
+        stored = dq.inputs[0] if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if stored is not None and stored.const_value is not None:
+            names.append(node.name)
+    return names
 
 
 def _float_variant(

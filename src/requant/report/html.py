@@ -265,7 +265,8 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
             handles += cost.get_legend_handles_labels()[0]
         axes.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize="small")
 
-    kept = [[k["node"], "" if k["effect_db"] is None else k["effect_db"], k["sqnr_db"]] for k in budget["kept_float"]]
+    kept = [[k["node"], "" if k["effect_db"] is None else k["effect_db"], "" if k["sqnr_db"] is None else k["sqnr_db"]]
+            for k in budget["kept_float"]]  # fmt: skip
     named = budget.get("families", {})
     chosen = f" ({named[budget['family']]})" if budget.get("family") in named else ""
     return [
