@@ -199,3 +199,17 @@ def test_a_transformers_linear_layers_are_candidates_too() -> None:
     assert ("mm1",) in tried and ("mm1", "mm2") in tried  # the first in graph order, then both
     assert {k["node"] for k in budget["kept_float"]} <= {"mm1", "mm2"}
     assert all(k["effect_db"] is None or np.isfinite(k["effect_db"]) for k in budget["kept_float"])
+
+
+def test_the_summary_line_signs_effects_and_says_when_the_result_is_no_faster_than_float() -> None:
+    from requant.api import _budget_line
+
+    budget = {
+        "measures": "1 - cosine", "max_drop": 0.0, "first_drop": 3e-5, "final_drop": 0.0, "met": True,
+        "family": "ranked", "candidates": 3, "tries": [{}, {}], "latency_ms_before": 1.2,
+        "kept_float": [{"node": "a", "effect_db": 1.1}, {"node": "b", "effect_db": -36.1}, {"node": "c", "effect_db": None}],
+    }  # fmt: skip
+    line = _budget_line(budget, {"float": 1.0, "quantized": 1.001})
+    assert "a (+1.1 dB), b (-36.1 dB), c;" in line and "+-" not in line
+    assert "1.20x -> 1.00x of float (no faster than the float model, which meets any budget)" in line
+    assert "no faster" not in _budget_line(budget, {"float": 1.0, "quantized": 0.99})

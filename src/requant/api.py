@@ -936,7 +936,7 @@ def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None)
     kept = budget["kept_float"]
     line = f"accuracy budget: {budget['measures']} at most {budget['max_drop']:g}; {budget['first_drop']:.4f} at first"
     if kept:
-        names = ", ".join(f"{k['node']} (+{k['effect_db']:.1f} dB)" if k["effect_db"] is not None else k["node"]
+        names = ", ".join(f"{k['node']} ({k['effect_db']:+.1f} dB)" if k["effect_db"] is not None else k["node"]
                           for k in kept[:3]) + (", ..." if len(kept) > 3 else "")  # fmt: skip
         which = "the first" if budget.get("family") == "first" else "the most effective"
         line += f", {budget['final_drop']:.4f} with {which} {len(kept)} of {budget['candidates']} kernels kept float"
@@ -947,8 +947,8 @@ def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None)
     if latency and "latency_ms_before" in budget:
         line += f"; latency {budget['latency_ms_before'] / latency['float']:.2f}x -> "
         line += f"{latency['quantized'] / latency['float']:.2f}x of float"
-        if latency["quantized"] > latency["float"]:
-            line += " (slower than the float model: it meets any budget)"
+        if round(latency["quantized"] / latency["float"], 2) >= 1.0:
+            line += " (no faster than the float model, which meets any budget)"
     return line
 
 
