@@ -589,14 +589,14 @@ def _within_budget(
         effects = dict(effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session))
     position = {node.name: i for i, node in enumerate(run.converted.model.graph)}
 
-    def by_effect(name: str) -> tuple[float, float, int, str]:  # unmeasured last, in graph order
-        sqnr = measured[name]
-        return (-effects.get(name, -math.inf), math.inf if sqnr is None else sqnr, position.get(name, 0), name)
+    def in_graph(name: str) -> tuple[int, str]:
+        return position.get(name, len(position)), name
 
-    orders = {
-        "ranked": sorted(measured, key=by_effect),
-        "first": sorted(measured, key=lambda n: (position.get(n, len(position)), n)),
-    }
+    def by_effect(name: str) -> tuple[float, float, tuple[int, str]]:  # unmeasured last, in graph order
+        sqnr = measured[name]
+        return -effects.get(name, -math.inf), math.inf if sqnr is None else sqnr, in_graph(name)
+
+    orders = {"ranked": sorted(measured, key=by_effect), "first": sorted(measured, key=in_graph)}
     runs = [run]
     by_nodes: dict[frozenset[str], BudgetStep] = {}  # a set both families name is tried once
 

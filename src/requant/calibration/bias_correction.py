@@ -33,7 +33,7 @@ import onnx_ir as ir
 from requant.calibration.data import iter_samples
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
-from requant.ir.queries import fresh_name, graph_values
+from requant.ir.queries import dequantized_constant, fresh_name, graph_values
 from requant.ir.traits import LAYOUT_ONLY, data_inputs
 
 __all__ = ["KERNELS", "BiasCorrection", "BiasSums", "correct_biases", "float_parameters", "samples_for"]
@@ -127,13 +127,6 @@ def float_parameters(model: ir.Model) -> dict[str, ir.TensorProtocol]:
     return out
 
 
-def _dequantized_constant(value: ir.Value | None) -> ir.Node | None:
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != "DequantizeLinear" or node.inputs[0] is None:
-        return None
-    return node if node.inputs[0].const_value is not None else None
-
-
 def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> list[_Kernel]:
     """Each kernel to correct, with its input before QuantizeLinear and the bias's DequantizeLinear."""
     found = []
@@ -146,10 +139,10 @@ def _candidates(model: ir.Model, floats: Mapping[str, ir.TensorProtocol]) -> lis
         pad = None
         if q is not None and q.op_type == "Pad" and q.inputs[0] is not None:  # on the integers (backends.qdq)
             pad, q = q, q.inputs[0].producer()
-        bias_dq = _dequantized_constant(b)
+        bias_dq = dequantized_constant(b)
         if q is None or q.op_type != "QuantizeLinear" or q.inputs[0] is None or bias_dq is None:
             continue
-        if _dequantized_constant(w) is None or str(w.name) not in floats or str(b.name) not in floats:  # type: ignore[union-attr]
+        if dequantized_constant(w) is None or str(w.name) not in floats or str(b.name) not in floats:  # type: ignore[union-attr]
             continue
         if bias_dq.inputs[0].const_value.dtype != ir.DataType.INT32:  # type: ignore[union-attr]
             continue

@@ -9,6 +9,7 @@ import onnx_ir as ir
 __all__ = [
     "DEFAULT_DOMAINS",
     "constant",
+    "dequantized_constant",
     "fresh_name",
     "graph_values",
     "is_op",
@@ -79,6 +80,15 @@ def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
         tensor = producer.attributes["value"].as_tensor()
         return tensor.numpy()
     return None
+
+
+def dequantized_constant(value: ir.Value | None) -> ir.Node | None:
+    """The ``DequantizeLinear`` producing ``value`` from stored (constant) integers: a quantized weight
+    or bias; None otherwise."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "DequantizeLinear" or node.inputs[0] is None:
+        return None
+    return node if node.inputs[0].const_value is not None else None
 
 
 def subgraphs(attr: ir.Attr) -> list[ir.Graph]:

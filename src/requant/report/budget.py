@@ -43,6 +43,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
+from requant.ir.queries import DEFAULT_DOMAINS, dequantized_constant
 from requant.ir.traits import WEIGHTED
 
 __all__ = [
@@ -164,11 +165,8 @@ def int8_kernels(model: ir.Model) -> list[str]:
         if node.domain == "com.microsoft" and node.op_type in WRITTEN_INT8:
             names.append(node.name)
             continue
-        spec = WEIGHTED.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        weight = node.inputs[spec[0]] if spec is not None and len(node.inputs) > spec[0] else None
-        dq = weight.producer() if weight is not None else None
-        stored = dq.inputs[0] if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if stored is not None and stored.const_value is not None:
+        spec = WEIGHTED.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        if spec is not None and len(node.inputs) > spec[0] and dequantized_constant(node.inputs[spec[0]]):
             names.append(node.name)
     return names
 

@@ -239,12 +239,12 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
         return []
     tries = sorted(budget["tries"], key=lambda t: t["kept_float"])
     start = tries[0]  # nothing kept float: the first point of every family's line
-    families = {t.get("family", "ranked") for t in tries[1:]} or {"ranked"}
+    families = {_family(t) for t in tries[1:]} or {"ranked"}
     float_ms = (report.get("latency_ms_batch1") or {}).get("float")
     colors = {"ranked": ("#2e86c1", "#e67e22"), "first": ("#27ae60", "#8e44ad")}
 
     def line(family: str) -> list[Mapping[str, Any]]:
-        return [start, *(t for t in tries[1:] if t.get("family", "ranked") == family)]
+        return [start, *(t for t in tries[1:] if _family(t) == family)]
 
     def draw(axes: Any) -> None:
         cost = axes.twinx() if float_ms and all("latency_ms" in t for t in tries) else None  # what each try costs
@@ -284,8 +284,13 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _family(step: Mapping[str, Any]) -> str:
+    """A budget try's family (reports written before there were two: "ranked")."""
+    return str(step.get("family", "ranked"))
+
+
 def _try_row(step: Mapping[str, Any], float_ms: float | None) -> list[Any]:
-    family = step.get("family", "ranked") if step["kept_float"] else ""
+    family = _family(step) if step["kept_float"] else ""
     cost = step["latency_ms"] / float_ms if float_ms and "latency_ms" in step else ""
     return [step["kept_float"], family, step["drop"], cost]
 
