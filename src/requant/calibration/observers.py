@@ -106,6 +106,11 @@ def extremes(array: Array) -> tuple[Array, float, float] | None:
 
 
 def _per_axis(array: Array, axis: int) -> tuple[Array, Array]:
+    axis %= array.ndim
+    others = tuple(a for a in range(array.ndim) if a != axis)
+    lo, hi = np.min(array, axis=others), np.max(array, axis=others)  # in place, no copy
+    if np.isfinite(lo).all() and np.isfinite(hi).all():  # no NaN (it propagates) nor infinity anywhere
+        return lo.astype(np.float64), hi.astype(np.float64)
     moved = np.moveaxis(np.asarray(array, dtype=np.float64), axis, 0).reshape(array.shape[axis], -1)
     with np.errstate(invalid="ignore"):
         masked = np.where(np.isfinite(moved), moved, np.nan)
