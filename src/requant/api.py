@@ -38,6 +38,7 @@ from requant.calibration.bias_correction import (
 )
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
 from requant.calibration.data import HeldOut, Replayed, check_exists, iter_samples, read_labels
+from requant.calibration.equalization import MAX_SCALE, Equalization, equalize_depthwise, unless_per_channel
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
 from requant.calibration.runner import Progress, terminal_progress
@@ -104,31 +105,49 @@ def prepare(
     strict: bool = False,
     smoothing_data: Any = None,
     smoothing: float | None = DEFAULT_ALPHA,
+    equalization: bool = True,
     **load_options: Any,
 ) -> tuple[ir.Model, QuantizerReport]:
-    """Load, canonicalize, smooth the linear layers' inputs (with ``smoothing_data``, calibration
-    samples; :mod:`requant.calibration.smoothing`) and annotate (with ``quantizer``, or the preset
+    """Load, canonicalize, smooth the linear layers' inputs and equalize the depthwise convs' (with
+    ``smoothing_data``, calibration samples; :mod:`requant.calibration.smoothing`,
+    :mod:`requant.calibration.equalization`) and annotate (with ``quantizer``, or the preset
     ``choose_preset`` picks for the model among the target's).
 
     ``strict``: a node a quantizer was asked to quantize but could not is an error naming it. An
     ``ir.Model`` given as ``source`` is copied first: the caller's model is never changed.
     """
-    smooth = _Smoothing(smoothing, smoothing_data, None, {}) if smoothing and smoothing_data is not None else None
+    smooth = _evening(smoothing, equalization, smoothing_data, None, {}) if smoothing_data is not None else None
     model, report, _, _ = _prepare(source, quantizer, target, strict, None, smooth, **load_options)
     return model, report
 
 
 @dataclass
 class _Smoothing:
-    """How to smooth linear layers: ``alpha``, over ``data``; ``ranges``: channel ranges already measured."""
+    """How to even out channels before quantizing, over ``data``: smooth linear layers with ``alpha``
+    (None: not), equalize depthwise convs' inputs (``equalize``); ``ranges``: channel ranges already
+    measured."""
 
-    alpha: float
+    alpha: float | None
     data: Any
     progress: Progress | None
     ranges: dict[str, Any]
+    equalize: bool = False
 
 
-_Prepared = tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None, Smoothing]
+def _evening(alpha: float | None, equalize: bool, data: Any, progress: Progress | None,
+             ranges: dict[str, Any]) -> _Smoothing | None:  # fmt: skip
+    return _Smoothing(alpha or None, data, progress, ranges, equalize) if alpha or equalize else None
+
+
+@dataclass(frozen=True)
+class Evened:
+    """What smoothing and equalization did to the float model before it was annotated."""
+
+    smoothing: Smoothing
+    equalization: Equalization
+
+
+_Prepared = tuple[ir.Model, QuantizerReport, tuple[onnx.ModelProto | None, int] | None, Evened]
 PLACEMENT_ROUNDS = 3  # annotations after the first: a group kept float can make its neighbours' float cheaper
 
 
@@ -201,19 +220,23 @@ def _annotate(
         proto = ir.serde.serialize_model(model) if keep_float else None
         float_info = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
     quantizer = (quantizer or Quantizer().set_global_by_model()).for_table(chosen.table)
-    smoothed = Smoothing([], [], "off")
+    smoothed, equalized = Smoothing([], [], "off"), Equalization([], "off")
     if smoothing is not None:
         progress = smoothing.progress or terminal_progress("measuring channels")
-        smoothed = smooth_linears(model, smoothing.data, smoothing.alpha, progress, smoothing.ranges)
-        quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
+        if smoothing.alpha:
+            smoothed = smooth_linears(model, smoothing.data, smoothing.alpha, progress, smoothing.ranges)
+            quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
+        if smoothing.equalize:
+            equalized = equalize_depthwise(model, smoothing.data, progress, smoothing.ranges)
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
+    equalized = unless_per_channel(equalized)
     if half:
         kind = " and ".join(t.lower() for t in half)
         report.compute = (
             f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
             f"activations: its inputs and outputs keep their {kind} types, through Casts)"
         )
-    return model, report, float_info, smoothed
+    return model, report, float_info, Evened(smoothed, equalized)
 
 
 def convert(
@@ -312,7 +335,7 @@ class _Run:
     float_size: int
     chosen: list[Any]
     converted: _Converted
-    smoothed: Smoothing
+    evened: Evened
 
 
 def _run(
@@ -330,12 +353,14 @@ def _run(
     cache: StatisticsCache,
     float_info: tuple[onnx.ModelProto | None, int] | None = None,
     smoothing: float | None = None,
+    equalize: bool = False,
 ) -> _Run:
     """``float_info``: the float model (or None) and its size from an earlier run of the same model;
-    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed)."""
+    ``smoothing``: the alpha linear layers are smoothed with (None: not smoothed); ``equalize``: whether
+    depthwise convs' inputs are equalized."""
     keep = keep_float_proto if float_info is None else None
-    smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
-    prepared, quantizer_report, measured, smoothed = _prepare(
+    smooth = _evening(smoothing, equalize, data, progress, cache.channels)
+    prepared, quantizer_report, measured, evened = _prepare(
         model, quantizer, target.name, strict, keep, smooth, **load_options
     )
     float_info = float_info or measured
@@ -345,7 +370,7 @@ def _run(
     kernel_data = data if measure_kernels else None
     kernel_progress = progress or terminal_progress("measuring kernels")
     converted = _convert(prepared, target, kernel_data, progress=kernel_progress, correct=correct)
-    return _Run(quantizer_report, float_proto, float_size, chosen, converted, smoothed)
+    return _Run(quantizer_report, float_proto, float_size, chosen, converted, evened)
 
 
 @dataclass
@@ -419,6 +444,7 @@ def _run_auto(
     load_options: Mapping[str, Any],
     cache: StatisticsCache,
     smoothing: float | None,
+    equalize: bool = False,
 ) -> tuple[_Run, str, dict[str, Any]]:
     """``_run`` with each of ``AUTO_METHODS``: the model prepared once and calibrated in one pass over
     the data for all, but the first samples (``HeldOut``: none when there are too few); the candidates
@@ -427,8 +453,8 @@ def _run_auto(
     alone chose worse on the CRNN of the bench); only the chosen one's biases are corrected on all
     (starting from the sums of its sketch where there is one): the model ``method=<chosen>`` gives
     when calibrated on the samples after the held-out ones."""
-    smooth = _Smoothing(smoothing, data, progress, cache.channels) if smoothing else None
-    prepared, quantizer_report, float_info, smoothed = _prepare(
+    smooth = _evening(smoothing, equalize, data, progress, cache.channels)
+    prepared, quantizer_report, float_info, evened = _prepare(
         model, quantizer, target.name, strict, True, smooth, **load_options
     )
     assert float_info is not None and float_info[0] is not None
@@ -480,7 +506,7 @@ def _run_auto(
                         correct=correct, sums=sums)  # fmt: skip
     if check and uncorrected is not None:
         converted = _unless_worse(converted, uncorrected, kept, comparison, choice)
-    return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, smoothed), method, choice
+    return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, evened), method, choice
 
 
 def _unless_worse(
@@ -663,6 +689,7 @@ def _check_arguments(**given: Any) -> None:
         "measure": (lambda v: isinstance(v, bool), "True or False"),
         "strict": (lambda v: isinstance(v, bool), "True or False"),
         "bias_correction": (lambda v: isinstance(v, bool), "True or False"),
+        "equalization": (lambda v: isinstance(v, bool), "True or False"),
     }
     for name, value in given.items():
         ok, accepted = kinds[name]
@@ -686,6 +713,7 @@ def quantize(
     max_drop: float | None = None,
     metric: str | None = None,
     smoothing: float | None = DEFAULT_ALPHA,
+    equalization: bool = True,
     rounding: str | None = None,
     accumulator_bits: int | None = None,
     **load_options: Any,
@@ -715,13 +743,16 @@ def quantize(
     ``smoothing``: the alpha (in (0, 1]) with which each linear layer's input channels are evened out
     against its weight's rows before quantizing (SmoothQuant, :mod:`requant.calibration.smoothing`);
     None or 0 leaves them as they are.
+    ``equalization``: even out the channels of each depthwise convolution's input against the
+    convolution before it (:mod:`requant.calibration.equalization`; convolutional models).
     ``rounding`` and ``accumulator_bits`` (``tosa-int8`` only): how the TOSA program's rescales round
     (``single_round``, the default, or ``double_round``), and an accumulator width to simulate in
     requant's interpreter: the report says, per kernel, how often one that narrow would overflow.
     """
     started = time.perf_counter()
     _check_arguments(quantizer=quantizer, output=output, target=target, method=method, progress=progress,
-                     measure=measure, strict=strict, bias_correction=bias_correction)  # fmt: skip
+                     measure=measure, strict=strict, bias_correction=bias_correction,
+                     equalization=equalization)  # fmt: skip
     if keep_float_below is not None and (
         isinstance(keep_float_below, bool)
         or not isinstance(keep_float_below, int | float)
@@ -764,7 +795,7 @@ def quantize(
     def quantize_with(how: Quantizer, by: str | None, first: _Run | None) -> _Run:
         known = (first.float_proto, first.float_size) if first is not None else None  # the float model, once
         return _run(model, how, chosen_target, strict, calibration_data, by, progress, measure_kernels,
-                    correcting, keep_float_proto, load_options, cache, known, smoothing)  # fmt: skip
+                    correcting, keep_float_proto, load_options, cache, known, smoothing, equalization)  # fmt: skip
 
     def again(first: _Run, floats: list[str]) -> _Run:
         return quantize_with(quantizer.with_float_nodes(floats), method, first)
@@ -773,7 +804,7 @@ def quantize(
     if method == "auto":
         run, method, method_choice = _run_auto(model, quantizer, chosen_target, strict, calibration_data,
                                                progress, measure_kernels, bias_correction, load_options, cache,
-                                               smoothing)  # fmt: skip
+                                               smoothing, equalization)  # fmt: skip
         log.info("method auto: %s (output SQNR %s)", method, method_choice["output_sqnr_db"])  # `again` uses it
         correcting = bias_correction and method_choice.get("bias_correction_kept") is not False
     else:
@@ -798,8 +829,14 @@ def quantize(
         "quantizers": run.quantizer_report.to_json(),
         "smoothing": {
             "alpha": smoothing or None,
-            "not_applied": run.smoothed.not_applied,
-            "inputs": [r.__dict__ for r in run.smoothed.inputs],
+            "not_applied": run.evened.smoothing.not_applied,
+            "inputs": [r.__dict__ for r in run.evened.smoothing.inputs],
+        },
+        "equalization": {
+            "enabled": equalization,
+            "max_scale": MAX_SCALE,
+            "not_applied": run.evened.equalization.not_applied,
+            "chains": [r.__dict__ for r in run.evened.equalization.chains],
         },
         "calibrated": [c.as_dict() for c in run.chosen],
         "propagated": [n.as_dict() for n in converted.notes],
@@ -974,6 +1011,14 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"({folded} folded into their normalization, {len(smoothed) - folded} by a float Mul); widest "
             f"'{widest['input']}': largest channel {widest['spread_before']:.1f}x the median -> "
             f"{widest['spread_after']:.1f}x"
+        )
+    evened = [r for r in report.get("equalization", {}).get("chains", []) if not r["skipped"]]
+    if evened:
+        widest = max(evened, key=lambda r: r["spread_before"])
+        lines.append(
+            f"equalization: {len(evened)} depthwise convs' inputs, {sum(r['scaled'] for r in evened)} channels scaled "
+            f"up (at most {max(r['largest_factor'] for r in evened):.1f}x); widest '{widest['input']}': largest "
+            f"channel {widest['spread_before']:.1f}x the median -> {widest['spread_after']:.1f}x"
         )
     placed = report["quantizers"].get("placements", [])
     if placed:

@@ -56,7 +56,7 @@ from requant.targets.registry import DEFAULT_TARGET, get_target
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
 _TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "keep_float_below",
-        "max_drop", "metric", "smoothing", "images", "report", "configs", "override", "module_params",
+        "max_drop", "metric", "smoothing", "equalization", "images", "report", "configs", "override", "module_params",
         "fixed_inputs")  # fmt: skip
 _SELECTORS = ("op_type", "node", "node_regex", "module", "module_type")
 _PORTS = ("input_activation", "output_activation", "weight", "bias")
@@ -82,6 +82,7 @@ class RunSettings:
     max_drop: float | None = None  # an accuracy budget on the evaluation data (requant.report.budget)
     metric: str | None = None
     smoothing: float = DEFAULT_ALPHA  # 0: off (requant.calibration.smoothing)
+    equalization: bool = True  # requant.calibration.equalization
     fixed_inputs: dict[str, Any] = field(default_factory=dict)  # input name -> its constant value
     images: ImagePreprocessing | None = None
     report_json: str | None = None
@@ -239,6 +240,7 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
     settings.bias_correction = _typed(
         data.get("bias_correction", True), bool, f"{where}: bias_correction", "true or false"
     )
+    settings.equalization = _typed(data.get("equalization", True), bool, f"{where}: equalization", "true or false")
     fixed = _typed(data.get("fixed_inputs", {}), Mapping, f"{where}: fixed_inputs", "a table of input = value")
     for name, value in fixed.items():
         numbers = value if isinstance(value, list) else [value]

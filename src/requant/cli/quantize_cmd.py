@@ -65,6 +65,14 @@ def register(commands: Any) -> None:
         help="keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
     )
     sub.add_argument(
+        "--no-equalization",
+        dest="equalization",
+        action="store_false",
+        default=None,
+        help="leave depthwise convolutions' inputs as they are (default: scale their small channels up "
+        "against the convolution before them, in convolutional models)",
+    )
+    sub.add_argument(
         "--rounding",
         choices=["single_round", "double_round"],
         help="tosa-int8: how the rescales round (default single_round, TOSA's; double_round: TFLite's)",
@@ -167,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         ("preset", "preset"), ("strict", "strict"), ("report_json", "report_json"), ("report_md", "report_markdown"),
         ("report_html", "report_html"),
         ("bias_correction", "bias_correction"), ("keep_float_below", "keep_float_below"), ("max_drop", "max_drop"),
-        ("metric", "metric"), ("smoothing", "smoothing"),
+        ("metric", "metric"), ("smoothing", "smoothing"), ("equalization", "equalization"),
     ):  # fmt: skip
         if getattr(args, flag) is not None:
             setattr(settings, key, getattr(args, flag))
@@ -198,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         max_drop=settings.max_drop,
         metric=settings.metric,
         smoothing=settings.smoothing,
+        equalization=settings.equalization,
         measure=args.measure,
         rounding=args.rounding,
         accumulator_bits=args.accumulator_bits,

@@ -325,6 +325,25 @@ def _lint(report: Mapping[str, Any]) -> list[str]:
     return ["<h2>What ONNX Runtime runs (lint)</h2>", _table(["", ""], rows)]
 
 
+def _equalization(report: Mapping[str, Any]) -> list[str]:
+    chains = (report.get("equalization") or {}).get("chains", [])
+    if not chains:
+        return []
+    rows = [
+        [r["depthwise"], r["conv"] + (f" -> {r['activation']}" if r["activation"] else ""),
+         f"{r['scaled']} of {r['channels']} channels, up to {r['largest_factor']:.2f}x" if not r["skipped"]
+         else f"not equalized: {r['skipped']}",
+         float(r["spread_before"]) if r["channels"] else "", float(r["spread_after"]) if r["channels"] else ""]
+        for r in chains
+    ]  # fmt: skip
+    caption = (
+        "Depthwise convolutions' input channels scaled up against the convolution before them: spread is the "
+        "largest channel maximum over the median one"
+    )
+    return ["<h2>Equalization</h2>", f"<p>{html.escape(caption)}</p>",
+            _table(["depthwise conv", "after", "done", "spread before", "spread after"], rows)]  # fmt: skip
+
+
 def _smoothing(report: Mapping[str, Any]) -> list[str]:
     section = report.get("smoothing") or {}
     inputs = section.get("inputs", [])
@@ -379,7 +398,18 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     if not isinstance(report, Mapping) or "summary" not in report:
         raise HtmlReportError("not a requant report: it has no 'summary' (write one with --report-json)")
     body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
-    for section in (_kernels, _tensors, _weights, _ranges, _smoothing, _budget, _speed_and_size, _lint, _decisions):
+    for section in (
+        _kernels,
+        _tensors,
+        _weights,
+        _ranges,
+        _smoothing,
+        _equalization,
+        _budget,
+        _speed_and_size,
+        _lint,
+        _decisions,
+    ):
         body += section(report)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -246,6 +246,32 @@ def _smoothing(report: Mapping[str, Any]) -> list[str]:
     return [*lines, *_table(("input", "linear layers", "done", "spread"), rows)] if rows else [*lines, "None.", ""]
 
 
+def _equalization(report: Mapping[str, Any]) -> list[str]:
+    section = report.get("equalization")
+    if not section or not section.get("chains"):
+        return []
+    lines = [
+        "## Equalization",
+        "",
+        "Each depthwise convolution's input channels scaled up (the convolution before it times s per output "
+        f"channel, the depthwise weights divided by s; s at most {section['max_scale']:g}) so that small channels "
+        "use more of the tensor's range. Spread: the largest channel maximum over the median one, before and after.",
+        "",
+    ]
+    rows = [
+        (
+            f"`{r['depthwise']}`",
+            f"`{r['conv']}`" + (f" -> `{r['activation']}`" if r["activation"] else ""),
+            f"{r['scaled']} of {r['channels']} channels, up to {r['largest_factor']:.2f}x"
+            if not r["skipped"]
+            else f"not equalized: {r['skipped']}",
+            f"{r['spread_before']:.1f} -> {r['spread_after']:.1f}" if r["channels"] else "",
+        )
+        for r in section["chains"]
+    ]
+    return [*lines, *_table(("depthwise conv", "after", "done", "spread"), rows)]
+
+
 def _weight_encoding(report: Mapping[str, Any]) -> list[str]:
     section = report.get("weight_encoding")
     if not section or not section.get("kernels"):
@@ -284,6 +310,7 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     lines += _lint(report["lint"])
     lines += _quantizers(report["quantizers"])
     lines += _smoothing(report)
+    lines += _equalization(report)
     lines += _ports(report)
     lines += _weight_encoding(report)
     lines += _bias_correction(report)
