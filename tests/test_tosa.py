@@ -337,8 +337,7 @@ def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path, capsys: pytest
 def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
     """MobileNetV2 and EfficientNet-Lite0 (ImageNet weights; 48 calibration / 32 evaluation crops of the
     bench photos) lowered to integer-only TOSA: accepted by mlir-opt, run by IREE bit for bit as the
-    interpreter, and as close to float as requant's ONNX Runtime output (goal: top-1 agreement within
-    2 points)."""
+    interpreter, and as close to float as requant's ONNX Runtime output (its logits' SQNR within 1 dB)."""
     torch = pytest.importorskip("torch")
     from bench.bench_quantize import crops
 
@@ -361,16 +360,22 @@ def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
     module = IreeModule(compile_iree(text))
     float_session = ort.InferenceSession(ir_bytes(model), providers=["CPUExecutionProvider"])
     edge_in, edge_out = program.inputs[0], program.outputs[0]
-    agree = []
+    agree, noise, power = [], 0.0, 0.0
     for i, sample in enumerate(evaluation):
         q = edge_in.quantize(sample[key])
         (ints,) = run_tosa(program, {key: q})
         if i < 4:
             assert np.array_equal(module.run([q])[0], ints), f"sample {i}"
-        logits = edge_out.dequantize(ints)
-        agree.append(int(logits.argmax()) == int(float_session.run(None, sample)[0].argmax()))
-    ours = onnxruntime_output.report["evaluation"]["top1_agreement"]
-    assert np.mean(agree) >= ours - 0.02 - 1 / len(agree), (np.mean(agree), ours)
+        logits, expected = edge_out.dequantize(ints), float_session.run(None, sample)[0]
+        agree.append(int(logits.argmax()) == int(expected.argmax()))
+        noise, power = noise + float(((logits - expected) ** 2).sum()), power + float((expected**2).sum())
+    ours = onnxruntime_output.report["evaluation"]
+    # the logits as close to float as the ONNX Runtime output's (measured: 22.1-22.3 dB against 22.1-22.2);
+    # top-1 agreement on 32 crops moves by 3 points a flipped near-tie: EfficientNet-Lite0's TOSA output
+    # agreed on 29 to 32 of them as the float runs that calibrate it changed in the last digits (ONNX
+    # Runtime's AVX2 or AVX-512 float kernels), at the same SQNR
+    assert 10 * np.log10(power / noise) >= ours["sqnr_db"] - 1.0, (10 * np.log10(power / noise), ours["sqnr_db"])
+    assert np.mean(agree) >= ours["top1_agreement"] - 0.1 - 1 / len(agree), (np.mean(agree), ours)
 
 
 def ir_bytes(model: object) -> bytes:
