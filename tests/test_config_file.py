@@ -119,6 +119,19 @@ def test_smoothing_in_the_file_and_by_flag(tmp_path: Path) -> None:
     assert section["alpha"] == 0.5 and section["not_applied"].startswith("a convolutional model (2 convolutions")
 
 
+def test_equalization_in_the_file_and_refused_when_not_a_boolean(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nequalization = false\n')
+    assert read_config(config).equalization is False
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report), "--no-measure"]
+    assert run_cli(*args, "--config", str(config)).returncode == 0
+    assert json.loads(report.read_text())["equalization"]["enabled"] is False
+    config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nequalization = "yes"\n')
+    with pytest.raises(ConfigFileError, match="equalization"):
+        read_config(config)
+
+
 def test_named_configs_and_module_params(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(
