@@ -84,6 +84,7 @@ def test_models_with_nothing_in_common_are_refused() -> None:
 def test_another_tools_qdq_model_is_compared_too(tmp_path: Path) -> None:
     """ONNX Runtime's quantize_static names its tensors its own way; the QuantizeLinear inputs still match."""
     import numpy as np
+    import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     with np.load(DIGITS / "calib.npz") as archive:
@@ -100,8 +101,11 @@ def test_another_tools_qdq_model_is_compared_too(tmp_path: Path) -> None:
     quantize_static(str(FLOAT), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)  # fmt: skip
     results = {r.name: r for r in compare(FLOAT, out, DIGITS / "eval.npz", samples=100)}
-    assert {"x", "relu", "relu_1"} <= set(results)
+    # the logits too: quantize_static renames the graph output's float value NAME_QuantizeLinear_Input
+    (output,) = (o.name for o in onnx.load(FLOAT).graph.output)
+    assert {"x", "relu", "relu_1", output} <= set(results)
     assert all(math.isfinite(r.sqnr_db) and r.sqnr_db > 10 for r in results.values())
+    assert results[output].sources == ["clone_1"] and results[output].quantized_as.startswith("uint8")  # 40.0 dB
 
 
 def test_the_page_shows_each_tensors_sqnr_in_graph_order(outputs: dict[str, Path], tmp_path: Path) -> None:

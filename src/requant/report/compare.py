@@ -147,6 +147,19 @@ def _sources(model: ir.Model, names: set[str]) -> dict[str, list[str]]:
     return found
 
 
+# what tools call a quantized graph output's float value (the output itself keeps NAME, now the
+# DequantizeLinear's): requant NAME_float, ONNX Runtime's quantize_static NAME_QuantizeLinear_Input
+RENAMED_OUTPUTS = ("_float", "_QuantizeLinear_Input")
+
+
+def _float_name(name: str, float_names: set[str]) -> str:
+    """The float model's name for the quantized model's tensor ``name``: itself, or the graph output a
+    tool renamed it from (``RENAMED_OUTPUTS``)."""
+    if name in float_names:
+        return name
+    return next((name.removesuffix(s) for s in RENAMED_OUTPUTS if name.removesuffix(s) in float_names), name)
+
+
 def _floating(value: ir.Value) -> bool:
     return value.dtype is None or value.dtype.is_floating_point()
 
@@ -158,9 +171,7 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
     marks = _quantized_tensors(quantized)
     float_names = {str(v.name) for n in reference.graph for v in n.outputs}
     float_names |= {str(v.name) for v in reference.graph.inputs}
-    # requant renames a quantized graph output's float value NAME_float (the output keeps NAME)
-    marks = {(n.removesuffix("_float") if n not in float_names and n.removesuffix("_float") in float_names else n): m
-             for n, m in marks.items()}  # fmt: skip
+    marks = {_float_name(n, float_names): m for n, m in marks.items()}
     for name, mark in list(marks.items()):  # a smoothed input: the float tensor before its per-channel Mul
         if name not in float_names and mark.scaled is not None and mark.scaled[0] in float_names:
             marks.setdefault(mark.scaled[0], marks.pop(name))
