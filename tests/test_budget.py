@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
@@ -198,7 +199,9 @@ def test_a_transformers_linear_layers_are_candidates_too() -> None:
     tried = {tuple(t["nodes"]) for t in budget["tries"][1:]}
     assert ("mm1",) in tried and ("mm1", "mm2") in tried  # the first in graph order, then both
     assert {k["node"] for k in budget["kept_float"]} <= {"mm1", "mm2"}
-    assert all(k["effect_db"] is None or np.isfinite(k["effect_db"]) for k in budget["kept_float"])
+    # each measured: MatMul of the float input (clamped where requant dropped the ReLU before mm2's
+    # QuantizeLinear) and the dequantized weight, plus the bias; making either float brings the output closer
+    assert all(k["effect_db"] is not None and k["effect_db"] > 0 for k in budget["kept_float"])
 
 
 def test_the_summary_line_signs_effects_and_says_when_the_result_is_no_faster_than_float() -> None:
@@ -213,3 +216,19 @@ def test_the_summary_line_signs_effects_and_says_when_the_result_is_no_faster_th
     assert "a (+1.1 dB), b (-36.1 dB), c;" in line and "+-" not in line
     assert "1.20x -> 1.00x of float (no faster than the float model, which meets any budget)" in line
     assert "no faster" not in _budget_line(budget, {"float": 1.0, "quantized": 0.99})
+
+
+def test_a_kernel_after_a_dropped_relu_is_measured_on_clamped_values() -> None:
+    """requant drops the ReLU before the second conv (its QuantizeLinear clamps at the zero point
+    anyway) and records the value it stands for; the ranking's float variant of that conv must read
+    the ReLU's output, not its input (it read negative values the float model never gives it)."""
+    result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz",
+                              max_drop=2.5e-5, metric="cosine", measure=False)  # fmt: skip
+    first = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)  # the first pass's model
+    proto = ir.serde.serialize_model(first.model)
+    dropped = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"
+               and any(p.key == "requant.quantizes" for p in n.metadata_props)]  # fmt: skip
+    assert dropped, "no QuantizeLinear stands for a dropped clamp: the case is not exercised"
+    effects = {k["node"]: k["effect_db"] for k in result.report["accuracy_budget"]["kept_float"]}
+    # measured: node_conv2d +1.06 dB, node_conv2d_1 +0.34 dB (the Gemm +0.18 dB)
+    assert set(effects) == {"node_conv2d", "node_conv2d_1"} and all(e > 0.1 for e in effects.values()), effects

@@ -28,8 +28,14 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     result = requant.quantize(
-        DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz", max_drop=1e-5, metric="cosine"
+        DIGITS / "digits_cnn.onnx",
+        DIGITS / "calib.npz",
+        eval_data=DIGITS / "eval.npz",
+        max_drop=2.5e-5,
+        metric="cosine",
     )  # fmt: skip  (pair-safe: the same on every CPU)
+    # measured: 2.9e-5 at first, 2.7e-5 with the first conv float, 2.4e-5 with both convs (met: the Gemm
+    # stays int8, so the page has its int8 sections); at 1e-5 every kernel went float
     return json.loads(json.dumps(result.report, default=str))  # as --report-json writes it
 
 
@@ -46,7 +52,7 @@ def test_the_page_is_self_contained_and_the_same_every_time(report: dict) -> Non
         assert f"<h2>{section}</h2>" in page
     # nothing to fetch: no script, stylesheet or image from elsewhere (the SVGs' XML namespaces are names)
     assert not re.findall(r'(?:src|href)\s*=\s*"(?:https?:)?//|url\(\s*["\']?(?:https?:)?//|<script|<link', page)
-    assert "node_conv2d" in page and "QLinearConv x1" in page
+    assert "node_conv2d" in page and "QGemm x1" in page  # the convs kept float, the Gemm int8
 
 
 def test_a_report_without_a_summary_is_refused() -> None:

@@ -43,6 +43,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
+from requant.ir.provenance import QUANTIZES_KEY
 from requant.ir.queries import DEFAULT_DOMAINS, dequantized_constant
 from requant.ir.traits import WEIGHTED
 
@@ -172,7 +173,10 @@ def int8_kernels(model: ir.Model) -> list[str]:
 
 
 def _float_variant(
-    quantized: onnx.ModelProto, floats: Mapping[str, onnx.TensorProto], kernel: str
+    quantized: onnx.ModelProto,
+    floats: Mapping[str, onnx.TensorProto],
+    kernel: str,
+    bounds: Mapping[str, tuple[float, float]],
 ) -> onnx.ModelProto | None:
     """``quantized`` with one kernel computing in float: its input read before its QuantizeLinear, its
     weight and bias the float model's (the kernel's output keeps its quantization). None if the
@@ -181,6 +185,8 @@ def _float_variant(
     node = next((n for n in quantized.graph.node if n.name == kernel), None)
     if node is None or len(node.input) < 2:
         return None
+    if node.op_type == "MatMulIntegerToFloat":
+        return _float_matmul(quantized, node, producer, bounds)
     dq = producer.get(node.input[0])
     q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if q is None or q.op_type != "QuantizeLinear" or any(n not in floats for n in node.input[1:3] if n):
@@ -194,7 +200,10 @@ def _float_variant(
     variant = onnx.ModelProto()
     variant.CopyFrom(quantized)
     target = next(n for n in variant.graph.node if n.name == kernel)
-    target.input[0] = q.input[0]
+    source = _float_input(variant, q, bounds)
+    if source is None:
+        return None
+    target.input[0] = source
     for index in (1, 2):
         if index < len(target.input) and target.input[index]:
             name = f"{target.input[index]}_requant_float"
@@ -206,17 +215,107 @@ def _float_variant(
     return variant
 
 
+def clamps(float_model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """The float model's ReLU and Clip outputs with their bounds (constant ones), by value name."""
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in float_model.graph.initializer}
+    for node in float_model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    found = {}
+    for node in float_model.graph.node:
+        if node.op_type == "Relu" and node.domain in DEFAULT_DOMAINS:
+            found[node.output[0]] = (0.0, math.inf)
+        elif node.op_type == "Clip" and node.domain in DEFAULT_DOMAINS:
+            names = [*node.input[1:3], "", ""][:2]
+            bounds = [constants.get(n) if n else np.array(d) for n, d in zip(names, (-math.inf, math.inf), strict=True)]
+            attributes = {a.name: a.f for a in node.attribute}  # opset < 11
+            if all(b is not None and b.size == 1 for b in bounds):
+                low, high = (float(b) for b in bounds)  # type: ignore[arg-type]
+                found[node.output[0]] = (attributes.get("min", low), attributes.get("max", high))
+    return found
+
+
+def _float_input(variant: onnx.ModelProto, q: onnx.NodeProto, bounds: Mapping[str, tuple[float, float]]) -> str | None:
+    """The float value a kernel reads in its float variant: the QuantizeLinear's input or, where
+    requant dropped a clamp that quantization makes redundant (a ReLU or ReLU6 before it: the node
+    records the float value it stands for, ``requant.quantizes``), that input clamped as the float
+    model clamps it (``bounds``: :func:`clamps`), the Clip added to ``variant``. Without the clamp
+    the kernel read values the float model never gives it (MobileNetV2's convs after a ReLU6: large
+    negative effects); clamping to the quantized type's range instead would also undo a too-narrow
+    range's clipping, which is the quantization error measured. None if the clamp is not known."""
+    stands_for = next((p.value for p in q.metadata_props if p.key == QUANTIZES_KEY), None)
+    if stands_for is None:
+        return str(q.input[0])
+    if stands_for not in bounds:
+        return None
+    names = [f"{q.output[0]}_requant_float_{end}" for end in ("low", "high")]
+    for name, bound in zip(names, bounds[stands_for], strict=True):
+        variant.graph.initializer.append(onnx.numpy_helper.from_array(np.array(bound, np.float32), name))
+    clamped = f"{q.output[0]}_requant_float_input"
+    position = next(i for i, n in enumerate(variant.graph.node) if list(n.output) == list(q.output))
+    variant.graph.node.insert(position, onnx.helper.make_node("Clip", [q.input[0], *names], [clamped]))
+    return clamped
+
+
+def _float_matmul(
+    quantized: onnx.ModelProto,
+    node: onnx.NodeProto,
+    producer: Mapping[str, onnx.NodeProto],
+    bounds: Mapping[str, tuple[float, float]],
+) -> onnx.ModelProto | None:
+    """``quantized`` with one ``MatMulIntegerToFloat`` (what requant writes for a linear layer with a
+    float output) computing in float: ``MatMul`` of its input read before its QuantizeLinear and its
+    weight dequantized, plus its bias. Its weights are the int8 ones, dequantized: the float model's
+    differ (smoothed ones, or none at all for a model whose linear layers requant scaled), so the
+    effect is that of quantizing the layer's input and computing in integers, not of the weight's own
+    rounding. None if the input is not a QuantizeLinear's output or the weight, its scale or zero point
+    are not constants."""
+    q = producer.get(node.input[0])
+    stored = {t.name: t for t in quantized.graph.initializer}
+    names = list(node.input) + [""] * (7 - len(node.input))
+    weight, scale, zero, bias = names[1], names[3], names[5], names[6]
+    if q is None or q.op_type != "QuantizeLinear" or weight not in stored or scale not in stored:
+        return None
+    if zero and zero not in stored:
+        return None
+    ints = onnx.numpy_helper.to_array(stored[weight]).astype(np.float64)
+    offset = onnx.numpy_helper.to_array(stored[zero]).astype(np.float64) if zero else 0.0
+    dequantized = ((ints - offset) * onnx.numpy_helper.to_array(stored[scale]).astype(np.float64)).astype(np.float32)
+    variant = onnx.ModelProto()
+    variant.CopyFrom(quantized)
+    source = _float_input(variant, q, bounds)
+    if source is None:
+        return None
+    position, target = next((i, n) for i, n in enumerate(variant.graph.node) if n.name == node.name)
+    float_weight = f"{weight}_requant_float"
+    variant.graph.initializer.append(onnx.numpy_helper.from_array(dequantized, float_weight))
+    out = target.output[0]
+    product = f"{out}_requant_float_product" if bias else out
+    replacement = [onnx.helper.make_node("MatMul", [source, float_weight], [product], name=f"{node.name}_float")]
+    if bias:
+        replacement.append(onnx.helper.make_node("Add", [product, bias], [out], name=f"{node.name}_float_bias"))
+    del variant.graph.node[position]
+    for offset_in_graph, new in enumerate(replacement):
+        variant.graph.node.insert(position + offset_in_graph, new)
+    return variant
+
+
 def effect_ranking(
     quantized: onnx.ModelProto,
     float_model: onnx.ModelProto,
     kernels: Sequence[str],
     samples: Sequence[Mapping[str, np.ndarray]],
     make_session: Callable[[onnx.ModelProto], Any],
+    weights: Mapping[str, onnx.TensorProto] | None = None,
 ) -> list[tuple[str, float]]:
     """Each kernel's measured effect: how much the first output's SQNR against the float model rises
     (dB) on ``samples`` when that kernel alone computes in float, largest first. Kernels that cannot
-    be made float this way come last (effect -inf)."""
-    floats = {t.name: t for t in float_model.graph.initializer}
+    be made float this way come last (effect -inf). ``weights``: the kernels' float weights and biases
+    as they were quantized, by name, where they differ from ``float_model``'s (smoothed, equalized:
+    with the original ones, an equalized depthwise conv would read scaled channels with unscaled
+    weights)."""
+    floats = {t.name: t for t in float_model.graph.initializer} | dict(weights or {})
+    bounds = clamps(float_model)
     reference = make_session(float_model)
     expected = [np.asarray(reference.run(None, dict(s))[0], np.float64) for s in samples]
     signal = sum(float((e**2).sum()) for e in expected)
@@ -230,6 +329,6 @@ def effect_ranking(
     base = sqnr(quantized)
     effects = []
     for kernel in kernels:
-        variant = _float_variant(quantized, floats, kernel)
+        variant = _float_variant(quantized, floats, kernel, bounds)
         effects.append((kernel, sqnr(variant) - base if variant is not None else -math.inf))
     return sorted(effects, key=lambda e: (-e[1], e[0]))
