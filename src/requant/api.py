@@ -266,6 +266,8 @@ class _Converted:
     encodings: list[WeightEncoding]
     lint_result: LintResult
     kernels: list[BiasCorrection]
+    # the kernels' float weights and biases as quantized (smoothed, equalized), by value name
+    floats: dict[str, ir.TensorProtocol] = field(default_factory=dict)
 
 
 def _convert(
@@ -311,7 +313,7 @@ def _finish(
         kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct, sums)
     finish_qdq(model)
     proto = ir.serde.serialize_model(model)
-    return _Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels)
+    return _Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels, staged.floats)
 
 
 def _sketch(staged: _Staged, bias_data: Any, correct: bool) -> tuple[onnx.ModelProto, BiasSums]:
@@ -612,7 +614,10 @@ def _within_budget(
     effects: dict[str, float] = {}
     if steps[0].drop > max_drop and measured:
         samples = list(itertools.islice(iter_samples(run.converted.model, calibration_data), RANKING_SAMPLES))
-        effects = dict(effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session))
+        weights = {name: ir.serde.serialize_tensor(t) for name, t in run.converted.floats.items()}
+        effects = dict(
+            effect_ranking(run.converted.proto, run.float_proto, sorted(measured), samples, session, weights)
+        )
     position = {node.name: i for i, node in enumerate(run.converted.model.graph)}
 
     def in_graph(name: str) -> tuple[int, str]:
