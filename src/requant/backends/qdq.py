@@ -44,7 +44,7 @@ from requant.ir.annotations import (
     stored_values,
 )
 from requant.ir.provenance import QUANTIZES_KEY
-from requant.ir.queries import constant, fresh_name, graph_values, is_op, pads_with_zero
+from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, pads_with_zero
 from requant.passes._rewrite import drop_if_unused
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
 from requant.quantizers.shared import SharedSpecQuantizer
@@ -464,24 +464,6 @@ def _keep_matmul_apart(builder: _Builder, matmul: ir.Node) -> None:
         add.replace_input_with(index, builder.initializer(f"{bias.name}_row", data.reshape(1, -1)))
 
 
-def _clamp_bounds(node: ir.Node) -> tuple[float, float] | None:
-    """A Relu's or Clip's bounds (None if a bound is not a constant)."""
-    if is_op(node, "Relu"):
-        return 0.0, float("inf")
-    bounds = []
-    for index, name, default in ((1, "min", -np.inf), (2, "max", np.inf)):
-        value = node.inputs[index] if index < len(node.inputs) else None
-        if value is not None:
-            data = constant(value)
-            if data is None or data.size != 1:
-                return None
-            bounds.append(float(data.reshape(-1)[0]))
-        else:
-            attribute = node.attributes.get(name)  # opset < 11
-            bounds.append(attribute.as_float() if attribute is not None else default)
-    return bounds[0], bounds[1]
-
-
 def _quantizes_to(x: float, t: UniformQuantizedType) -> int:
     """ONNX's QuantizeLinear of one float32 value (round half to even)."""
     if not np.isfinite(x):
@@ -502,7 +484,7 @@ def _drop_clamp(node: ir.Node) -> None:
     source, out = node.inputs[0], node.outputs[0]
     producer = source.producer() if source is not None else None
     uses = list(out.uses())
-    bounds = _clamp_bounds(node)
+    bounds = clamp_bounds(node)
     if source is None or producer is None or is_op(producer, "DequantizeLinear") or bounds is None:
         return  # a standalone Relu (DequantizeLinear -> Relu) is not part of a kernel
     if not uses or out.is_graph_output():

@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 __all__ = [
     "DEFAULT_DOMAINS",
+    "clamp_bounds",
     "constant",
     "dequantized_constant",
     "fresh_name",
@@ -80,6 +81,26 @@ def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
         tensor = producer.attributes["value"].as_tensor()
         return tensor.numpy()
     return None
+
+
+def clamp_bounds(node: ir.Node) -> tuple[float, float] | None:
+    """A Relu's or Clip's bounds (None for another op, or if a bound is not a constant)."""
+    if is_op(node, "Relu"):
+        return 0.0, float("inf")
+    if not is_op(node, "Clip"):
+        return None
+    bounds = []
+    for index, name, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+        value = node.inputs[index] if index < len(node.inputs) else None
+        if value is not None:
+            data = constant(value)
+            if data is None or data.size != 1:
+                return None
+            bounds.append(float(data.reshape(-1)[0]))
+        else:
+            attribute = node.attributes.get(name)  # opset < 11
+            bounds.append(attribute.as_float() if attribute is not None else default)
+    return bounds[0], bounds[1]
 
 
 def dequantized_constant(value: ir.Value | None) -> ir.Node | None:
