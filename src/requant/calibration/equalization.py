@@ -45,9 +45,11 @@ import onnx_ir as ir
 from requant.calibration.data import iter_samples
 from requant.calibration.observers import MinMaxObserver
 from requant.calibration.runner import Progress, collect
+from requant.calibration.smoothing import FLOATS, channel_spread
 from requant.ir.annotations import request
-from requant.ir.queries import constant, fresh_name, graph_values, weighted_layers
+from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, weighted_layers
 from requant.ir.requests import QuantizationSpec
+from requant.targets.kernels import is_depthwise
 
 __all__ = ["MAX_SCALE", "Equalization", "Equalized", "depthwise_pairs", "equalize_depthwise", "unless_per_channel"]
 
@@ -60,8 +62,6 @@ SAMPLES = 64  # the first calibration samples the channels' maxima are measured 
 # EfficientNet-Lite0 0.933 / 0.0079 without, 0.936 / 0.0084 at 1 (its float model itself moved: KL 0.0007,
 # its channels reach ReLU6's bound), 0.942 / 0.0079 at 2.
 HEADROOM = 2.0
-FLOATS = (ir.DataType.FLOAT,)
-SCALE_FREE = ("Relu", "LeakyRelu")  # f(s y) = s f(y) for s > 0
 
 
 @dataclass(frozen=True)
@@ -111,22 +111,18 @@ def _float_weight(node: ir.Node) -> npt.NDArray[Any] | None:
 
 
 def _is_depthwise(node: ir.Node) -> bool:
-    """A Conv with one input and one output channel per group (weight ``[C, 1, kh, kw]``, group C)."""
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
-        return False
-    weight = _float_weight(node)
-    group = node.attributes.get_int("group", 1)
-    return weight is not None and group > 1 and weight.ndim > 2 and weight.shape[1] == 1 and weight.shape[0] == group
+    """A Conv with one input and one output channel per group (weight ``[C, 1, kh, kw]``, group C) of
+    its own float weight."""
+    weight = _float_weight(node) if is_op(node, "Conv") else None
+    return weight is not None and is_depthwise(weight.shape, node.attributes.get_int("group", 1))
 
 
-def _clip_from_zero(node: ir.Node) -> bool:
-    """A Clip whose lower bound is a constant 0 (ReLU6's ``Clip(y, 0, 6)``): scaled channels keep 0 as
-    their floor, and its upper bound cuts each at ``HEADROOM`` times its calibrated maximum or beyond."""
-    if node.op_type != "Clip" or len(node.inputs) < 2 or node.inputs[1] is None:
-        return False
-    low = constant(node.inputs[1])
-    high = constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else np.inf
-    return low is not None and low.size == 1 and float(low) == 0.0 and high is not None and np.size(high) == 1
+def _scale_free(node: ir.Node) -> bool:
+    """An activation through which scaling each channel up passes: ``f(s y) = s f(y)`` for ``s > 0``
+    (LeakyRelu, Relu), or a clip from 0 (ReLU6's ``Clip(y, 0, 6)``: scaled channels keep 0 as their
+    floor, and its upper bound cuts each at ``HEADROOM`` times its calibrated maximum or beyond)."""
+    bounds = clamp_bounds(node)
+    return is_op(node, "LeakyRelu") or (bounds is not None and bounds[0] == 0.0)
 
 
 def _only_read_by(value: ir.Value, node: ir.Node) -> bool:
@@ -144,14 +140,14 @@ def depthwise_pairs(graph: ir.Graph) -> list[_Chain]:
         activation = x.producer()
         if activation is None or not _only_read_by(x, node):
             continue
-        if activation.op_type in SCALE_FREE or _clip_from_zero(activation):
+        if _scale_free(activation):
             before = activation.inputs[0]
             if before is None or not _only_read_by(before, activation):
                 continue
             conv = before.producer()
         else:
             conv, activation = activation, None
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
+        if conv is None or not is_op(conv, "Conv"):
             continue
         weight = _float_weight(conv)
         if weight is None or weight.shape[0] != constant(node.inputs[1]).shape[0]:  # type: ignore[union-attr]
@@ -175,8 +171,7 @@ def _probe(model: ir.Model, chains: list[_Chain]) -> tuple[ir.Model, dict[str, s
     pooled = {}
     for chain in chains:
         x = values[str(chain.input.name)]
-        kind = chain.activation.op_type if chain.activation is not None else None
-        if kind not in ("Relu", "Clip"):
+        if chain.activation is None or clamp_bounds(chain.activation) is None:  # not from 0 up: magnitudes
             magnitude = ir.node("Abs", [x])
             magnitude.outputs[0].name = fresh_name(f"{x.name}_magnitude", taken)
             probe.graph.append(magnitude)
@@ -186,11 +181,6 @@ def _probe(model: ir.Model, chains: list[_Chain]) -> tuple[ir.Model, dict[str, s
         probe.graph.append(pool)
         pooled[str(chain.input.name)] = str(pool.outputs[0].name)
     return probe, pooled
-
-
-def _spread(maxima: npt.NDArray[np.float64]) -> float:
-    median = float(np.median(maxima))
-    return float(maxima.max() / median) if median > 0 else float("inf")
 
 
 def equalize_depthwise(
@@ -242,8 +232,8 @@ def equalize_depthwise(
         s[live] = np.clip(top / (HEADROOM * maxima[live]), 1.0, max_scale)
         if top <= 0 or not (s > 1).any():
             why = f"no channel's maximum is below 1/{HEADROOM:g} of the largest"
-            records.append(Equalized(*names, str(chain.input.name), int(maxima.size), 0, 1.0, _spread(maxima),
-                                     _spread(maxima), why))  # fmt: skip
+            records.append(Equalized(*names, str(chain.input.name), int(maxima.size), 0, 1.0, channel_spread(maxima),
+                                     channel_spread(maxima), why))  # fmt: skip
             continue
         scaled = [(v, f) for v, f in zip(chain.conv.inputs[1:3], (s, s), strict=False) if v is not None]
         assert chain.depthwise.inputs[1] is not None  # depthwise_pairs checked
@@ -252,7 +242,7 @@ def equalize_depthwise(
         for value, factors in scaled:
             _scale_rows(value, factors)
         records.append(Equalized(*names, str(chain.input.name), int(maxima.size), int((s > 1).sum()), float(s.max()),
-                                 _spread(maxima), _spread(maxima * s)))  # fmt: skip
+                                 channel_spread(maxima), channel_spread(maxima * s)))  # fmt: skip
     return Equalization(records, None, originals)
 
 

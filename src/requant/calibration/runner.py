@@ -81,8 +81,8 @@ def _session(model: ir.Model, names: list[str], optimize: bool | str = False) ->
     # observe the model as it is; ``optimize``: basic rewrites only (constant folding), which keep every
     # value; "all": every rewrite (fusions, NCHWc layouts), whose values differ in the last float digits
     level = ort.GraphOptimizationLevel
-    chosen = level.ORT_ENABLE_ALL if optimize == "all" else level.ORT_ENABLE_BASIC if optimize else None
-    options.graph_optimization_level = level.ORT_DISABLE_ALL if chosen is None else chosen
+    levels = {False: level.ORT_DISABLE_ALL, True: level.ORT_ENABLE_BASIC, "all": level.ORT_ENABLE_ALL}
+    options.graph_optimization_level = levels[optimize]
     if optimize:  # ONNX Runtime folds no DequantizeLinear of a constant weight without this (it keeps
         # them for its int8 fusions): MobileNetV2's bias-correction probe dequantized every weight on
         # every run, 15 of its 50 ms

@@ -40,7 +40,7 @@ from requant.calibration.runner import Progress, collect
 from requant.ir.queries import constant, fresh_name, graph_values, weighted_layers
 from requant.passes._rewrite import new_initializer
 
-__all__ = ["DEFAULT_ALPHA", "Smoothed", "Smoothing", "linear_groups", "smooth_linears"]
+__all__ = ["DEFAULT_ALPHA", "FLOATS", "Smoothed", "Smoothing", "channel_spread", "linear_groups", "smooth_linears"]
 
 DEFAULT_ALPHA = 0.8
 # An input that needs a float Mul is smoothed when its largest channel range is at least this many
@@ -127,7 +127,8 @@ def _why_not(x: ir.Value, linears: list[_Linear]) -> str | None:
     return None
 
 
-def _spread(ranges: npt.NDArray[np.float64]) -> float:
+def channel_spread(ranges: npt.NDArray[np.float64]) -> float:
+    """The largest channel range over the median one (1.0 is even; infinite when the median is 0)."""
     median = float(np.median(ranges))
     return float(ranges.max() / median) if median > 0 else math.inf
 
@@ -187,7 +188,7 @@ def smooth_linears(
         s = np.ones_like(act)
         s[live] = np.clip(act[live] ** alpha / wmax[live] ** (1 - alpha), 1e-5, 1e5)
         finite = np.where(np.isfinite(act), act, 0.0)
-        before, after = _spread(finite), _spread(finite / s)
+        before, after = channel_spread(finite), channel_spread(finite / s)
         norm = _norm_parameters(x, linears, s)
         if norm is None and before < min_spread:
             why = f"its largest channel is {before:.1f}x its median one (a float Mul pays from {min_spread:g}x)"
