@@ -194,17 +194,11 @@ def test_mobilenet_v2_comes_closer_to_float() -> None:
     """MobileNetV2 on 64 calibration / 64 evaluation crops of the bench's photos. Measured on the bench's
     200 calibration and 2,000 held-out crops: top-1 agreement 0.901 -> 0.925, KL 0.035 -> 0.024, logits
     SQNR 20.3 -> 21.4 dB."""
-    torch = pytest.importorskip("torch")
-    from bench.bench_quantize import crops
-
+    pytest.importorskip("torch")
+    from tests.models import on_crops
     from tests.models.mobilenet import make_mobilenet_v2
 
-    images = crops(128, seed=1)
-    dims = ({0: torch.export.Dim("batch")},)
-    model = requant.load(make_mobilenet_v2(), example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
-    key = str(model.graph.inputs[0].name)
-    calib = [{key: images[i : i + 1]} for i in range(64)]
-    evaluation = [{key: images[i : i + 1]} for i in range(64, 128)]
+    model, calib, evaluation = on_crops(make_mobilenet_v2(), 64, 64, seed=1)
     plain, evened = (
         requant.quantize(model, calib, eval_data=evaluation, measure=False, equalization=on).report
         for on in (False, True)

@@ -161,17 +161,11 @@ def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     the default, 18.0 dB with 7-bit weights, 21.9 dB with uint8 weights (the exact but slower
     uint8 x uint8 kernel).
     """
-    from bench.bench_quantize import crops
-
     from requant.quantizers import INT8_REDUCED_RANGE_WEIGHTS, UINT8_PER_CHANNEL_WEIGHTS, Quantizer
+    from tests.models import on_crops
     from tests.models.efficientnet import make_efficientnet_lite0
 
-    images = crops(96, seed=1)
-    dims = ({0: torch.export.Dim("batch")},)
-    model = requant.load(make_efficientnet_lite0(), example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
-    key = str(model.graph.inputs[0].name)
-    calib = [{key: images[i : i + 1]} for i in range(48)]
-    evaluation = [{key: images[i : i + 1]} for i in range(48, 96)]
+    model, calib, evaluation = on_crops(make_efficientnet_lite0(), 48, 48, seed=1)
     default = requant.quantize(model, calib, eval_data=evaluation, measure=False).report
     reports = {
         name: requant.quantize(

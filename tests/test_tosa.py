@@ -338,19 +338,14 @@ def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
     """MobileNetV2 and EfficientNet-Lite0 (ImageNet weights; 48 calibration / 32 evaluation crops of the
     bench photos) lowered to integer-only TOSA: accepted by mlir-opt, run by IREE bit for bit as the
     interpreter, and as close to float as requant's ONNX Runtime output (its logits' SQNR within 1 dB)."""
-    torch = pytest.importorskip("torch")
-    from bench.bench_quantize import crops
-
+    pytest.importorskip("torch")
+    from tests.models import on_crops
     from tests.models.efficientnet import make_efficientnet_lite0
     from tests.models.mobilenet import make_mobilenet_v2
 
     net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[make]()
-    images = crops(80, seed=2)
-    dims = ({0: torch.export.Dim("batch")},)
-    model = requant.load(net, example_inputs=(torch.from_numpy(images[:2]),), dynamic_shapes=dims)
+    model, calib, evaluation = on_crops(net, 48, 32, seed=2)
     key = str(model.graph.inputs[0].name)
-    calib = [{key: images[i : i + 1]} for i in range(48)]
-    evaluation = [{key: images[i : i + 1]} for i in range(48, 80)]
     tosa = requant.api.quantize(model, calib, target="tosa-int8", measure=False)
     onnxruntime_output = requant.api.quantize(model, calib, eval_data=evaluation, measure=False)
     program = tosa.tosa
