@@ -156,7 +156,7 @@ def test_other_methods_are_observed_in_the_same_pass() -> None:
 
 def test_large_inputs_are_measured_on_fewer_samples() -> None:
     """The means are over samples and positions: 64 images' worth of values, at least 8 samples."""
-    from requant.calibration.bias_correction import samples_for
+    from requant.calibration.data import samples_for
 
     image = 3 * 224 * 224
     assert samples_for(64, 64) == 64 and samples_for(image, 64) == 64 and samples_for(image, 20) == 20

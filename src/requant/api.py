@@ -34,10 +34,17 @@ from requant.calibration.bias_correction import (
     BiasSums,
     correct_biases,
     float_parameters,
-    samples_for,
 )
 from requant.calibration.calibrate import StatisticsCache, calibrate  # the step itself: observers over the data
-from requant.calibration.data import HeldOut, Replayed, check_exists, iter_samples, read_labels
+from requant.calibration.data import (
+    HeldOut,
+    Replayed,
+    check_exists,
+    first_samples,
+    iter_samples,
+    read_labels,
+    samples_for,
+)
 from requant.calibration.equalization import MAX_SCALE, Equalization, equalize_depthwise, unless_per_channel
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
@@ -385,37 +392,43 @@ class _Reference:
 
 
 def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any) -> dict[str, float]:
-    """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output."""
+    """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output,
+    a sample at a time (a 736x992 probability map's worth of float64 copies is not kept)."""
     data, labels = _split_labels(data, {str(v.name) for v in model.graph.inputs})
     known = reference.outputs or []
-    outs_f, outs_q = [], []
-    for i, sample in enumerate(iter_samples(model, data, "evaluation")):
-        run_float = i >= len(known)
-        outs_f.append(np.asarray(reference.session.run(None, sample)[0], np.float64) if run_float else known[i])
-        outs_q.append(np.asarray(q_session.run(None, sample)[0], dtype=np.float64))
+    outs_f: list[npt.NDArray[Any]] = []
+    cosines, tops_f, tops_q = [], [], []
+    energy = noise = 0.0
+    for i, sample in enumerate(iter_samples(model, data, "evaluation"), start=1):
+        outs_f.append(np.asarray(reference.session.run(None, sample)[0]) if i > len(known) else known[i - 1])
+        q = np.asarray(q_session.run(None, sample)[0])
+        for what, output in (("float", outs_f[-1]), ("quantized", q)):
+            if not np.isfinite(output).all():  # agreement figures would be NaN: say where instead
+                raise CalibrationError(f"evaluation sample {i}: the {what} model's first output is not finite")
+        f2 = outs_f[-1].reshape(len(outs_f[-1]), -1).astype(np.float64)
+        q2 = q.reshape(len(q), -1).astype(np.float64)
+        norms = np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12
+        cosines.append(np.einsum("ij,ij->i", f2, q2) / norms)
+        tops_f.append(f2.argmax(1))
+        tops_q.append(q2.argmax(1))
+        energy += float(np.einsum("ij,ij->", f2, f2))
+        noise += float(np.einsum("ij,ij->", f2 - q2, f2 - q2))
     reference.outputs = outs_f
-    f, q = np.concatenate(outs_f), np.concatenate(outs_q)
-    for what, outputs in (("float", outs_f), ("quantized", outs_q)):
-        bad = next((i for i, o in enumerate(outputs, start=1) if not np.isfinite(o).all()), None)
-        if bad is not None:  # agreement figures would be NaN: say where instead
-            raise CalibrationError(f"evaluation sample {bad}: the {what} model's first output is not finite")
-    f2, q2 = f.reshape(len(f), -1), q.reshape(len(q), -1)
-    if labels is not None and len(labels) != len(f2):
+    top_f, top_q = np.concatenate(tops_f), np.concatenate(tops_q)
+    if labels is not None and len(labels) != len(top_f):
         raise CalibrationError(
-            f"the evaluation data has {len(f2)} samples (first output rows) but {len(labels)} labels: "
+            f"the evaluation data has {len(top_f)} samples (first output rows) but {len(labels)} labels: "
             "'labels' needs one class index per sample"
         )
-    cosine = float(np.mean(np.sum(f2 * q2, 1) / (np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12)))
-    noise = float(np.sum((f - q) ** 2))
     metrics = {
-        "samples": float(len(f)),
-        "top1_agreement": float(np.mean(f2.argmax(1) == q2.argmax(1))),
-        "cosine_similarity": cosine,
-        "sqnr_db": float(10 * np.log10(np.sum(f**2) / noise)) if noise > 0 else float("inf"),
+        "samples": float(len(top_f)),
+        "top1_agreement": float(np.mean(top_f == top_q)),
+        "cosine_similarity": float(np.mean(np.concatenate(cosines))),
+        "sqnr_db": float(10 * np.log10(energy / noise)) if noise > 0 else float("inf"),
     }
     if labels is not None:
-        metrics["float_accuracy"] = float(np.mean(f2.argmax(1) == labels))
-        metrics["int8_accuracy"] = float(np.mean(q2.argmax(1) == labels))
+        metrics["float_accuracy"] = float(np.mean(top_f == labels))
+        metrics["int8_accuracy"] = float(np.mean(top_q == labels))
     return metrics
 
 
@@ -472,6 +485,7 @@ def _run_auto(
         staged[candidate] = _stage(copy, target, measure_kernels, memo)
     kernel_data = data if measure_kernels else None
     plain = {m: _sketch(s, None, correct)[0] for m, s in staged.items()}  # biases as calibrated
+    sketched: onnx.ModelProto | None = None  # the chosen candidate as compared, when compared corrected
     if len({p.SerializeToString() for p in plain.values()}) == 1:  # e.g. no activation quantized
         method, why = AUTO_METHODS[0], "the candidates are the same model"
         choice: dict[str, Any] = {"chosen": method, "output_sqnr_db": {}, "samples": 0, "held_out": 0, "why": why}
@@ -486,7 +500,7 @@ def _run_auto(
             scores = comparison.scores({m: proto for m, (proto, _) in sketches.items()})
         method = max(scores, key=lambda m: (scores[m], -list(scores).index(m)))  # a tie keeps the first
         if scores is not first:
-            sums = sketches[method][1]
+            sketched, sums = sketches[method]  # finishing starts from its sums: often the same model
             del sketches
         choice = {
             "chosen": method,
@@ -507,12 +521,18 @@ def _run_auto(
     converted = _finish(kept, kernel_data, progress=progress or terminal_progress("measuring kernels"),
                         correct=correct, sums=sums)  # fmt: skip
     if check and uncorrected is not None:
-        converted = _unless_worse(converted, uncorrected, kept, comparison, choice)
+        same = sketched is not None and converted.proto.SerializeToString() == sketched.SerializeToString()
+        converted = _unless_worse(converted, uncorrected, kept, comparison, choice, same)
     return _Run(quantizer_report, float_info[0], float_info[1], chosen[method], converted, evened), method, choice
 
 
 def _unless_worse(
-    converted: _Converted, uncorrected: ir.Model, staged: _Staged, comparison: _Comparison, choice: dict[str, Any]
+    converted: _Converted,
+    uncorrected: ir.Model,
+    staged: _Staged,
+    comparison: _Comparison,
+    choice: dict[str, Any],
+    sketched: bool = False,
 ) -> _Converted:
     """The model with corrected biases, unless its output is further from float on the held-out samples
     than the same model's without (then that one, its kernels still measured, none corrected).
@@ -520,9 +540,10 @@ def _unless_worse(
     Bias correction measures each kernel's mean error with the others uncorrected and corrects all at
     once; on ddddocr's detector calibrated on 181 samples that made the output's SQNR 17.3 -> 9.0 dB
     (one early conv's correction; on the samples it was measured on too), where on 45 samples it
-    helped. Checking costs one run of the held-out samples."""
+    helped. Checking costs one run of the held-out samples, none when ``sketched`` (the model is the
+    one the candidates were compared as: its score is known)."""
     method = choice["chosen"]
-    corrected = comparison.scores({method: converted.proto})[method]
+    corrected = choice["output_sqnr_db"][method] if sketched else comparison.scores({method: converted.proto})[method]
     before = choice["uncorrected_sqnr_db"][method]
     choice["corrected_sqnr_db"] = corrected
     choice["bias_correction_kept"] = corrected >= before
@@ -542,10 +563,11 @@ class _Comparison:
     them) when the data set was too small to hold any out."""
 
     def __init__(self, float_proto: onnx.ModelProto, model: ir.Model, data: Any, held_out: int) -> None:
-        stream = iter_samples(model, data)
-        first = next(stream)
-        count = held_out or samples_for(sum(int(np.size(a)) for a in first.values()), CHOICE_SAMPLES)
-        self.samples = [first, *itertools.islice(stream, count - 1)]
+        self.samples = (
+            list(itertools.islice(iter_samples(model, data), held_out))
+            if held_out
+            else first_samples(model, data, CHOICE_SAMPLES)
+        )
         self.model, self.reference = model, _Reference(session(float_proto))
 
     def scores(self, protos: Mapping[str, onnx.ModelProto]) -> dict[str, float]:

@@ -20,7 +20,6 @@ dequantized constants. The quantized model (QDQ) is changed in place; nothing el
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,28 +29,16 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.data import iter_samples
+from requant.calibration.data import first_samples
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import dequantized_constant, fresh_name, graph_values
 from requant.ir.traits import LAYOUT_ONLY, data_inputs
 
-__all__ = ["KERNELS", "BiasCorrection", "BiasSums", "correct_biases", "float_parameters", "samples_for"]
+__all__ = ["KERNELS", "BiasCorrection", "BiasSums", "correct_biases", "float_parameters"]
 
 KERNELS = ("Conv", "Gemm")  # output channels on axis 1 of the output, an int32 bias on input 2
 DEFAULT_SAMPLES = 64  # means settle quickly: MobileNetV2 with 32, 64 and 200 samples gave the same KL
-# The means are over samples *and positions*: what settles them is the number of input values
-# (64 samples of a 3x224x224 image), so larger inputs need fewer samples, down to MIN_SAMPLES.
-# A MobileNetV2 at 736x992, 32 samples: bias correction took 17.2 s of 25.6 s to quantize.
-VALUES = DEFAULT_SAMPLES * 3 * 224 * 224
-MIN_SAMPLES = 8
-
-
-def samples_for(values_per_sample: int, requested: int) -> int:
-    """How many samples bias correction measures on: ``requested``, or fewer when each sample holds
-    more than a 3x224x224 image's values (never fewer than ``MIN_SAMPLES``)."""
-    wanted = max(MIN_SAMPLES, math.ceil(VALUES / max(values_per_sample, 1)))
-    return max(1, min(requested, wanted))
 
 
 @dataclass(frozen=True)
@@ -245,17 +232,15 @@ def correct_biases(
     sums: BiasSums | None = None,
 ) -> list[BiasCorrection]:
     """Measure the int8 kernels of ``model`` (QDQ) on the first ``samples`` samples of ``data`` (fewer
-    for large inputs: :func:`samples_for`) and, with ``apply``, correct their int32 biases (in place).
+    for large inputs: :func:`~requant.calibration.data.samples_for`) and, with ``apply``, correct their
+    int32 biases (in place).
 
     ``sums``: what an earlier pass on this model (uncorrected) and data summed, to start from (its
     samples are not run again); it is left holding this pass's sums."""
     kernels = _candidates(model, floats)
     if not kernels or samples <= 0:
         return []
-    stream = iter_samples(model, data)
-    first = next(stream)  # an empty data set raises here, naming it
-    count = samples_for(sum(int(np.size(a)) for a in first.values()), samples)
-    subset = [first, *itertools.islice(stream, count - 1)]
+    subset = first_samples(model, data, samples)
     sums = sums if sums is not None else BiasSums()
     nodes = [str(k.node.name) for k in kernels]
     if sums.samples > len(subset) or (sums.samples and set(sums.sums) != set(nodes)):

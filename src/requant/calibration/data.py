@@ -43,9 +43,41 @@ from requant.calibration.images import ImageFolder, image_files
 from requant.calibration.observers import CalibrationError
 from requant.frontends.fixed import fixed_inputs
 
-__all__ = ["Replayed", "Sample", "check_exists", "check_sample", "iter_samples", "model_inputs", "read_labels"]
+__all__ = [
+    "Replayed",
+    "Sample",
+    "check_exists",
+    "check_sample",
+    "first_samples",
+    "iter_samples",
+    "model_inputs",
+    "read_labels",
+    "samples_for",
+]
+
+# Statistics over samples *and positions* (means, channel maxima) settle with the number of input values
+# (64 samples of a 3x224x224 image), so larger inputs need fewer samples, down to MIN_SAMPLES.
+# A MobileNetV2 at 736x992, 32 samples: bias correction took 17.2 s of 25.6 s to quantize.
+VALUES = 64 * 3 * 224 * 224
+MIN_SAMPLES = 8
 
 Sample = dict[str, npt.NDArray[Any]]
+
+
+def samples_for(values_per_sample: int, requested: int) -> int:
+    """How many samples a pass measuring means or maxima runs on: ``requested``, or fewer when each
+    sample holds more than a 3x224x224 image's values (never fewer than ``MIN_SAMPLES``)."""
+    wanted = max(MIN_SAMPLES, math.ceil(VALUES / max(values_per_sample, 1)))
+    return max(1, min(requested, wanted))
+
+
+def first_samples(model: ir.Model, source: Any, requested: int) -> list[Sample]:
+    """The first checked samples of ``source``: as many as :func:`samples_for` says for the size of
+    the first (an empty source is an error that names it)."""
+    stream = iter_samples(model, source)
+    first = next(stream)
+    count = samples_for(sum(int(np.size(a)) for a in first.values()), requested)
+    return [first, *itertools.islice(stream, count - 1)]
 
 
 def model_inputs(model: ir.Model) -> list[ir.Value]:
