@@ -30,9 +30,9 @@ op between int8 kernels cannot be kept float in a QDQ model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["ONNXRUNTIME_X86_COSTS", "ONNXRUNTIME_X86_VNNI_COSTS", "CostModel", "OpCost"]
+__all__ = ["KERNEL_CLASSES", "ONNXRUNTIME_X86_COSTS", "ONNXRUNTIME_X86_VNNI_COSTS", "CostModel", "KernelCost", "OpCost"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,18 @@ class OpCost:
 
     def us(self, elements: float) -> float:
         return self.fixed_us + self.ns_per_element * elements / 1000.0
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """A kernel class's cost in float and in int8 (``ns_per_element`` counts multiply-adds), and what
+    a float one costs besides when an int8 kernel writes its input (``input_crossing``, per element of
+    the input: the conversion, and the reorders into ONNX Runtime's float layout). Its output going
+    back to int8 kernels was measured at about nothing (within -45 and +22 us at 200,704 elements)."""
+
+    float_op: OpCost
+    int8_op: OpCost
+    input_crossing: OpCost
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,7 @@ class CostModel:
     dequantize: OpCost
     free: frozenset[str]
     fused_alone: frozenset[str]
+    kernels: Mapping[str, KernelCost] = field(default_factory=dict)  # by class: KERNEL_CLASSES
 
     def op_us(self, op_type: str, int8: bool, elements: float) -> float:
         """Modelled microseconds of one ``op_type`` on ``elements``; 0 for a free op."""
@@ -71,6 +84,10 @@ class CostModel:
 
 _PAIR = OpCost(0.22, 0.330)  # QuantizeLinear -> DequantizeLinear, measured together
 _HALF = OpCost(_PAIR.fixed_us / 2, _PAIR.ns_per_element / 2)
+
+# Kernel classes (requant.report.budget.kernel_class): 1x1 convs, depthwise convs, other convs (measured
+# 3x3), linear layers (MatMul, Gemm, MatMulIntegerToFloat)
+KERNEL_CLASSES = ("pointwise", "depthwise", "dense", "linear")
 
 ONNXRUNTIME_X86_COSTS = CostModel(
     name="ONNX Runtime 1.31 CPU, AVX2 kernels, 2 threads (bench/bench_op_costs.py, 2026-11-25)",
@@ -100,6 +117,18 @@ ONNXRUNTIME_X86_COSTS = CostModel(
     fused_alone=frozenset(
         {"Add", "Mul", "Sigmoid", "LeakyRelu", "Softmax", "AveragePool", "GlobalAveragePool", "Concat"}
     ),
+    # bench/bench_kernel_costs.py (chains of 3 and 11 kernels, 64-channel pointwise and depthwise convs and
+    # 32-channel 3x3 ones at 14x14 and 56x56, 384-wide linear layers on 16 and 128 tokens), AVX2
+    # kernels, 40 rounds, 2026-11-25 (bench/results_2026-11-25_kernel_costs.json). Int8 depthwise convs are slower
+    # than float ones here (ONNX Runtime's NCHWc float kernel against MLAS's widening int8 one), but
+    # a float one reading an int8 kernel's output costs more in conversion and reorders than it saves.
+    # A float linear layer reading an int8 one's output measured no dearer (modelled free).
+    kernels={
+        "pointwise": KernelCost(OpCost(0.84, 0.0079), OpCost(1.19, 0.0047), OpCost(1.94, 0.503)),
+        "depthwise": KernelCost(OpCost(0.84, 0.0145), OpCost(1.42, 0.0252), OpCost(6.95, 0.474)),
+        "dense": KernelCost(OpCost(0.56, 0.0074), OpCost(1.49, 0.0042), OpCost(7.37, 2.216)),
+        "linear": KernelCost(OpCost(3.69, 0.0083), OpCost(3.69, 0.0044), OpCost(0.0, 0.0)),
+    },
 )
 
 
@@ -131,4 +160,13 @@ ONNXRUNTIME_X86_VNNI_COSTS = CostModel(
     dequantize=OpCost(_VNNI_PAIR.fixed_us / 2, _VNNI_PAIR.ns_per_element / 2),
     free=ONNXRUNTIME_X86_COSTS.free,
     fused_alone=ONNXRUNTIME_X86_COSTS.fused_alone,
+    # bench/bench_kernel_costs.py with ONNX Runtime's own kernels on the Zen 5, 2026-11-25
+    # (bench/results_2026-11-25_kernel_costs_vnni.json); a float linear layer reading an int8 one's output
+    # measured cheaper than the sum of its parts (-6 and -61 us): modelled free
+    kernels={
+        "pointwise": KernelCost(OpCost(4.30, 0.0039), OpCost(3.85, 0.0012), OpCost(20.4, 0.236)),
+        "depthwise": KernelCost(OpCost(1.46, 0.0072), OpCost(1.55, 0.0137), OpCost(8.07, 0.534)),
+        "dense": KernelCost(OpCost(1.44, 0.0040), OpCost(1.45, 0.0014), OpCost(7.64, 1.738)),
+        "linear": KernelCost(OpCost(6.50, 0.0085), OpCost(7.92, 0.0032), OpCost(0.0, 0.0)),
+    },
 )
