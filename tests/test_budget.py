@@ -15,7 +15,8 @@ import requant
 from requant.errors import ArgumentError
 from requant.ir.requests import QuantizationSpec
 from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
-from requant.report.budget import choose_metric, drop, fewest, fewest_of
+from requant.report.budget import choose_metric, drop, fewest, fewest_of, float_cost_us, kernel_class
+from requant.targets.costs import ONNXRUNTIME_X86_COSTS
 from tests.host import PAIRS_SATURATE
 from tests.test_quantize import run_cli
 
@@ -69,6 +70,82 @@ def test_fewest_of_stops_doubling_at_the_first_k_any_family_meets() -> None:
 
     assert fewest_of(["ranked", "first"], 53, within) == ("first", 2)
     assert tried == [("ranked", 1), ("first", 1), ("ranked", 2), ("first", 2)]  # never 4, 8, ... 53
+
+
+@pytest.mark.parametrize(("first_cost", "expected"), [
+    (10.0, ("first", 5)),  # more kernels, but one region: cheaper than the 2 scattered ones
+    (150.0, ("ranked", 2)),  # the region's next k already costs more than what is within: not tried
+])  # fmt: skip
+def test_fewest_of_takes_the_cheapest_set_within(first_cost: float, expected: tuple) -> None:
+    needed = {"ranked": 2, "first": 5}
+    unit = {"ranked": 100.0, "first": first_cost}
+    tried: list[tuple[str, int]] = []
+
+    def within(family: str, k: int) -> bool:
+        tried.append((family, k))
+        return k >= needed[family]
+
+    assert fewest_of(["ranked", "first"], 40, within, lambda family, k: unit[family] * k) == expected
+    assert len(tried) == len(set(tried))
+    if expected[0] == "ranked":  # first at 2 costs 300 against ranked's 200 within: it stops at 1
+        assert [k for f, k in tried if f == "first"] == [1]
+    else:  # the region doubles on past ranked's hit while cheaper (4: 40, 8: 80), then is bisected
+        assert [k for f, k in tried if f == "first"] == [1, 2, 4, 8, 6, 5]
+
+
+CHAIN = """
+<ir_version: 8, opset_import: ["" : 17]>
+chain (float[1, 8, 16, 16] x) => (float[1, 8, 16, 16] y) {
+    a = Conv <pads = [0, 0, 0, 0]> (x, w_pw, b_pw)
+    r = Relu (a)
+    d = Conv <group = 16, pads = [1, 1, 1, 1]> (r, w_dw, b_dw)
+    y = Conv <pads = [1, 1, 1, 1]> (d, w_dense, b_dense)
+}
+"""
+
+
+def _chain() -> ir.Model:
+    import onnx
+
+    model = onnx.parser.parse_model(CHAIN)
+    rng = np.random.default_rng(0)
+    shapes = {"pw": (16, 8, 1, 1), "dw": (16, 1, 3, 3), "dense": (8, 16, 3, 3)}
+    for name, shape in shapes.items():
+        weight = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        model.graph.initializer.extend([onnx.numpy_helper.from_array(weight, f"w_{name}"),
+                                        onnx.numpy_helper.from_array(np.zeros(shape[0], np.float32), f"b_{name}")])  # fmt: skip
+    for node, name in zip(model.graph.node, ["pw", "relu", "dw", "dense"], strict=True):
+        node.name = name
+    return ir.serde.deserialize_model(model)
+
+
+def test_float_cost_us_prices_each_kernel_and_the_crossing_into_it() -> None:
+    """A kernel kept float costs its float time less its int8 time (by its multiply-adds), plus the
+    crossing of its input when an int8 kernel writes it: none for the first kernel (it reads the
+    graph's input) or for one whose writer is float too (one region)."""
+    calibration = {"x": np.random.default_rng(1).standard_normal((8, 8, 16, 16)).astype(np.float32)}
+    q = requant.quantize(_chain(), calibration, method="minmax", measure=False, bias_correction=False)
+    model, costs = q.model, ONNXRUNTIME_X86_COSTS.kernels
+    nodes = {n.name: n for n in model.graph}
+    assert [kernel_class(nodes[n]) for n in ("pw", "dw", "dense")] == ["pointwise", "depthwise", "dense"]
+    positions = 16 * 16
+
+    def swap(kind: str, macs: int) -> float:
+        return costs[kind].float_op.us(macs) - costs[kind].int8_op.us(macs)
+
+    pw, dw, dense = (
+        swap("pointwise", positions * 16 * 8),
+        swap("depthwise", positions * 16 * 9),
+        swap("dense", positions * 8 * 16 * 9),
+    )
+    crossing = {kind: costs[kind].input_crossing.us(16 * positions) for kind in ("depthwise", "dense")}
+    assert float_cost_us(model, ["pw"], ONNXRUNTIME_X86_COSTS) == pytest.approx(pw)
+    assert float_cost_us(model, ["dw"], ONNXRUNTIME_X86_COSTS) == pytest.approx(dw + crossing["depthwise"])
+    assert float_cost_us(model, ["pw", "dw"], ONNXRUNTIME_X86_COSTS) == pytest.approx(pw + dw)  # through the Relu
+    assert float_cost_us(model, ["dense"], ONNXRUNTIME_X86_COSTS) == pytest.approx(dense + crossing["dense"])
+    # two scattered kernels: the crossing into the second; the region of all three has none
+    assert float_cost_us(model, ["pw", "dense"], ONNXRUNTIME_X86_COSTS) == pytest.approx(pw + dense + crossing["dense"])
+    assert float_cost_us(model, ["pw", "dw", "dense"], ONNXRUNTIME_X86_COSTS) == pytest.approx(pw + dw + dense)
 
 
 def test_the_metric_and_its_drop() -> None:

@@ -68,6 +68,7 @@ from requant.report.budget import (
     drop,
     effect_ranking,
     fewest_of,
+    float_cost_us,
     int8_kernels,
 )
 from requant.report.compare import CompareError, compare
@@ -75,6 +76,7 @@ from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary, method_summary
 from requant.runtime import exact_twin
+from requant.targets.costs import CostModel
 from requant.targets.kernels import ONNXRUNTIME_X86_VNNI, host_kernel_model
 from requant.targets.registry import DEFAULT_TARGET, Target, get_target
 
@@ -616,10 +618,12 @@ def _within_budget(
     calibration_data: Any,
     again: Callable[[_Run, list[str]], _Run],
     reference: _Reference,
+    costs: CostModel | None = None,
 ) -> tuple[_Run, dict[str, Any], list[_Run]]:
-    """The run with the fewest kernels kept float (the most effective ones, or the first ones in graph
-    order: :mod:`requant.report.budget`) whose drop is within ``max_drop``, the budget's record (every
-    try) and every try's run, in the order of the record's tries."""
+    """The run whose kernels kept float (the most effective ones, or the first ones in graph order:
+    :mod:`requant.report.budget`) bring the drop within ``max_drop`` at the least modelled latency
+    (``costs``; without one, the fewest kernels), the budget's record (every try) and every try's run,
+    in the order of the record's tries."""
     assert run.float_proto is not None  # kept: there is evaluation data
 
     def evaluate(candidate: _Run) -> dict[str, float]:
@@ -659,12 +663,21 @@ def _within_budget(
         if known is None:
             log.info("accuracy budget: trying %d kernels float (%s)", k, family)
             runs.append(again(run, nodes))
-            known = BudgetStep(k, drop(evaluate(runs[-1]), chosen), nodes, family)
+            known = BudgetStep(k, drop(evaluate(runs[-1]), chosen), nodes, family, round(cost(family, k), 1))
             steps.append(known)
             by_nodes[frozenset(nodes)] = known
         return known.drop <= max_drop
 
-    found = None if steps[0].drop <= max_drop else fewest_of(list(orders), len(measured), within)
+    first_sample = next(iter(iter_samples(run.converted.model, calibration_data)))
+    dims = _symbolic_sizes(run.converted.model, first_sample)
+    priced: dict[tuple[str, int], float] = {}
+
+    def cost(family: str, k: int) -> float:  # modelled microseconds the kernels float add to a run
+        if (family, k) not in priced:
+            priced[family, k] = float_cost_us(run.converted.model, orders[family][:k], costs, dims) if costs else k
+        return priced[family, k]
+
+    found = None if steps[0].drop <= max_drop else fewest_of(list(orders), len(measured), within, cost)
     met = found is not None or steps[0].drop <= max_drop
     if found is not None:
         final = by_nodes[frozenset(orders[found[0]][: found[1]])]
@@ -683,6 +696,8 @@ def _within_budget(
         "final_drop": final.drop,
         "family": final.family if final.kept_float else None,
         "families": FAMILIES,
+        "priced_by": costs.name if costs else "the number of kernels kept float",
+        "modelled_us": final.modelled_us,
         "ranked_by": f"the rise of the output's SQNR when the kernel alone is float ({RANKING_SAMPLES} calibration "
         "samples), largest first",
         "kept_float": [
@@ -692,6 +707,19 @@ def _within_budget(
         "candidates": len(measured),
     }
     return runs[next(i for i, s in enumerate(steps) if s is final)], record, runs
+
+
+def _symbolic_sizes(model: ir.Model, sample: Mapping[str, Any]) -> dict[str, int]:
+    """The sizes ``sample`` gives the symbolic dimensions of ``model``'s inputs (a sequence's length)."""
+    sizes: dict[str, int] = {}
+    for value in model.graph.inputs:
+        array = sample.get(str(value.name))
+        if array is None or value.shape is None or np.ndim(array) != len(value.shape):
+            continue
+        for d, size in zip(value.shape, np.shape(array), strict=True):
+            if not isinstance(d, int) and d.value is not None:
+                sizes.setdefault(str(d), int(size))
+    return sizes
 
 
 def _measured(effect: float | None) -> float | None:
@@ -764,9 +792,10 @@ def quantize(
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     ``max_drop``: an accuracy budget on ``eval_data`` (``metric``: ``accuracy`` with labels, ``top1``
     agreement or ``cosine``; by default accuracy when the data has labels, else top-1): if the int8
-    model loses more, the fewest kernels with the largest measured effect on the output are kept
-    float, quantizing and evaluating again until the drop is within it (:mod:`requant.report.budget`; each try in the
-    report). Not with ``keep_float_below``.
+    model loses more, kernels are kept float (those with the largest measured effect on the output, or
+    the first ones in graph order), quantizing and evaluating again, until the drop is within it; of
+    the sets that meet it, the one the target's cost model prices least (:mod:`requant.report.budget`;
+    each try in the report). Not with ``keep_float_below``.
     ``smoothing``: the alpha (in (0, 1]) with which each linear layer's input channels are evened out
     against its weight's rows before quantizing (SmoothQuant, :mod:`requant.calibration.smoothing`);
     None or 0 leaves them as they are.
@@ -847,7 +876,8 @@ def quantize(
         if isinstance(eval_data, Iterator):  # a generator: every try reads it again, so all of it is kept
             eval_data = Replayed(eval_data, sys.maxsize)
         reference = _Reference(session(run.float_proto))
-        run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again, reference)
+        run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again, reference,
+                                            chosen_target.costs)  # fmt: skip
     converted = run.converted
     quantized, quantized_proto, lint_result = converted.model, converted.proto, converted.lint_result
     report: dict[str, Any] = {
@@ -1005,6 +1035,8 @@ def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None)
         which = "the first" if budget.get("family") == "first" else "the most effective"
         line += f", {budget['final_drop']:.4f} with {which} {len(kept)} of {budget['candidates']} kernels kept float"
         line += f": {names}"
+        if budget.get("modelled_us") and not str(budget.get("priced_by", "")).startswith("the number"):
+            line += f" (modelled +{budget['modelled_us']:.0f} us a run, the least of the tries that met it)"
     line += f"; {len(budget['tries']) - 1} re-quantizations"
     if not budget["met"]:
         line += " (NOT MET: the try that lost least is kept)"

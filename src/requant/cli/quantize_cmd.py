@@ -103,8 +103,8 @@ def register(commands: Any) -> None:
         metavar="X",
         type=float,
         help="an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
-        "the fewest kernels that bring it within X: the most effective (measured) or the first ones in graph "
-        "order (one float region from the inputs, cheaper to run); each try re-quantizes",
+        "the kernels that bring it within X at the least modelled latency: the most effective (measured) or "
+        "the first ones in graph order (one float region from the inputs); each try re-quantizes",
     )
     sub.add_argument(
         "--metric",

@@ -1,4 +1,4 @@
-"""An accuracy budget: keep float the fewest int8 kernels that bring the drop within it.
+"""An accuracy budget: keep float the int8 kernels that bring the drop within it at the least latency.
 
 The drop is measured on the evaluation data, by one of three metrics:
 
@@ -20,13 +20,18 @@ Two families of kernel sets are tried (:func:`fewest_of`):
   0.080 at 0.70x float latency, where the 21 most effective, scattered, gave 0.060 at 1.60x (every
   boundary a DequantizeLinear, a QuantizeLinear and a layout change).
 
-``k`` grows by doubling for both families at once, then each family that met the budget is
-bisected below the smallest ``k`` met; each try is a quantization and an evaluation (every try is
-in the report; a set of kernels is tried once, whichever family names it). The fewest kernels
-win, and on a tie the ``first`` region (fewer boundaries). It assumes that keeping more kernels
-float never raises the drop, and effects measured one at a time do not add up; both show in the
-report's tries (measured on MobileNetV2: scattered float kernels made the top-1 disagreement
-*worse*, 0.103 -> 0.120 with 16, before it fell).
+Each set is priced before it is tried (:func:`float_cost_us`, the target's ``CostModel.kernels``):
+what its kernels cost in float instead of int8, and the crossing into each one whose input an int8
+kernel writes (a conversion and ONNX Runtime's reorders: on ONNX Runtime's AVX2 kernels about 0.55
+ns an element into a float 1x1 or depthwise conv, more than the depthwise conv itself). ``k``
+doubles for both families at once; a family that meets the budget is bisected below (the smallest
+``k`` that meets it), and the other goes on doubling while its next set is priced below the
+cheapest found; the set priced least wins (then the fewer kernels, then the region). Each try is a
+quantization and an evaluation (every try is in the report, with its price; a set of kernels is
+tried once, whichever family names it). Without a cost model the fewest kernels win. It assumes
+that keeping more kernels float never raises the drop, and effects measured one at a time do not
+add up; both show in the report's tries (measured on MobileNetV2: scattered float kernels made the
+top-1 disagreement *worse*, 0.103 -> 0.120 with 16, before it fell).
 ONNX Runtime's CPU provider has no fast 16-bit kernel (a uint16 convolution runs in float between
 conversions), so on its targets a kernel is promoted straight to float.
 """
@@ -34,7 +39,7 @@ conversions), so on its targets a kernel is promoted straight to float.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +49,10 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.provenance import QUANTIZES_KEY
-from requant.ir.queries import DEFAULT_DOMAINS, clamp_bounds, dequantized_constant
+from requant.ir.queries import DEFAULT_DOMAINS, clamp_bounds, constant, dequantized_constant
 from requant.ir.traits import WEIGHTED
+from requant.targets.costs import CostModel
+from requant.targets.kernels import is_depthwise
 
 __all__ = [
     "FAMILIES",
@@ -57,6 +64,8 @@ __all__ = [
     "effect_ranking",
     "fewest",
     "fewest_of",
+    "float_cost_us",
+    "kernel_class",
 ]
 
 METRICS = ("accuracy", "top1", "cosine")
@@ -106,6 +115,7 @@ class BudgetStep:
     drop: float
     nodes: list[str] = field(default_factory=list)
     family: str = "ranked"
+    modelled_us: float = 0.0  # what keeping them float adds to a run, modelled (float_cost_us)
 
 
 def fewest(count: int, within: Callable[[int], bool]) -> int | None:
@@ -115,39 +125,55 @@ def fewest(count: int, within: Callable[[int], bool]) -> int | None:
     return None if found is None else found[1]
 
 
-def fewest_of(families: Sequence[str], count: int, within: Callable[[str, int], bool]) -> tuple[str, int] | None:
-    """The family and smallest ``k`` in ``[1, count]`` with ``within(family, k)``: ``k`` doubles for
-    every family at once until one is within, then each family within there is bisected below it
-    (each pair tried once). The smallest ``k`` wins; a tie goes to the family named last. None
-    when no family is within even at ``count``."""
+def fewest_of(
+    families: Sequence[str],
+    count: int,
+    within: Callable[[str, int], bool],
+    cost: Callable[[str, int], float] | None = None,
+) -> tuple[str, int] | None:
+    """The family and ``k`` in ``[1, count]`` with ``within(family, k)`` whose ``cost(family, k)`` is
+    least (by default ``k``: the fewest kernels); on a tie the smaller ``k``, then the family named
+    last. ``k`` doubles for every family at once; a family within at some ``k`` is bisected below it
+    (each pair tried once) and stops; the others go on doubling while their cost at the next ``k``
+    is not above the best found (more kernels float cost more). None when no family is within even
+    at ``count``."""
     tried: dict[tuple[str, int], bool] = {}
+    price = cost or (lambda family, k: float(k))
 
     def ok(family: str, k: int) -> bool:
         if (family, k) not in tried:
             tried[family, k] = within(family, k)
         return tried[family, k]
 
+    def key(pair: tuple[str, int]) -> tuple[float, int, int]:
+        return price(*pair), pair[1], -list(families).index(pair[0])
+
     if count < 1:
         return None
-    bad, k = 0, 1
-    while True:
+    below = dict.fromkeys(families, 0)  # the largest k not within, per family
+    doubling, k = list(families), 1
+    while doubling:
         k = min(k, count)
-        hits = [f for f in families if ok(f, k)]
-        if hits or k == count:
-            break
-        bad, k = k, 2 * k
-    best: tuple[str, int] | None = None
-    for family in hits:
-        low, good = bad, k  # not within at ``low`` (or 0), within at ``good``
-        while good - low > 1:
-            middle = (good + low) // 2
-            if ok(family, middle):
-                good = middle
+        for family in list(doubling):
+            found = [pair for pair, met in tried.items() if met]
+            if found and price(family, k) > min(price(*pair) for pair in found):
+                doubling.remove(family)  # every k from here costs more than what is within
+            elif ok(family, k):
+                low, good = below[family], k
+                while good - low > 1:
+                    middle = (good + low) // 2
+                    if ok(family, middle):
+                        good = middle
+                    else:
+                        low = middle
+                doubling.remove(family)
             else:
-                low = middle
-        if best is None or good <= best[1]:
-            best = (family, good)
-    return best
+                below[family] = k
+        if k == count:
+            break
+        k *= 2
+    met = [pair for pair, ok_ in tried.items() if ok_]
+    return min(met, key=key) if met else None
 
 
 # kernels requant writes itself in ONNX Runtime's integer form (the rest stay DequantizeLinear -> op)
@@ -170,6 +196,87 @@ def int8_kernels(model: ir.Model) -> list[str]:
         if spec is not None and len(node.inputs) > spec[0] and dequantized_constant(node.inputs[spec[0]]):
             names.append(node.name)
     return names
+
+
+def kernel_class(node: ir.Node) -> str | None:
+    """The cost model's class of an int8 kernel (``targets.costs.KERNEL_CLASSES``): a 1x1 conv is
+    ``pointwise``, a depthwise one ``depthwise``, any other conv ``dense``, a MatMul, Gemm or
+    MatMulIntegerToFloat ``linear``; None for the rest (an LSTM: not modelled)."""
+    if node.op_type in ("MatMul", "Gemm", "MatMulIntegerToFloat"):
+        return "linear"
+    shape = node.inputs[1].shape if node.op_type == "Conv" and node.inputs[1] is not None else None
+    if shape is None or len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return None
+    dims = tuple(d for d in shape if isinstance(d, int))
+    if is_depthwise(dims, node.attributes.get_int("group", 1)):
+        return "depthwise"
+    return "pointwise" if all(d == 1 for d in dims[2:]) else "dense"
+
+
+def _elements(value: ir.Value | None, dims: Mapping[str, int]) -> int | None:
+    """``value``'s elements, a symbolic dimension counted as ``dims`` names it (else 1); None unknown."""
+    if value is None or value.shape is None:
+        return None
+    count = 1
+    for d in value.shape:
+        count *= d if isinstance(d, int) else dims.get(str(d), 1)
+    return count
+
+
+def _macs(node: ir.Node, dims: Mapping[str, int]) -> int | None:
+    """A kernel's multiply-adds per run: its output's elements times each one's reduction length."""
+    out, weight = _elements(node.outputs[0], dims), node.inputs[1].shape if node.inputs[1] is not None else None
+    if out is None or weight is None or not all(isinstance(d, int) for d in weight) or len(weight) < 2:
+        return None
+    w = [d for d in weight if isinstance(d, int)]
+    if node.op_type == "Conv":
+        return out * math.prod(w[1:])
+    transposed = node.op_type == "Gemm" and bool(node.attributes.get_int("transB", 0))
+    return out * (w[-1] if transposed else w[-2])
+
+
+def float_cost_us(
+    model: ir.Model, nodes: Collection[str], costs: CostModel, dims: Mapping[str, int] | None = None
+) -> float:
+    """What keeping ``nodes`` (int8 kernels of ``model``) float adds to a run, in modelled microseconds
+    (``costs.kernels``): each one's float cost less its int8 cost, and the crossing of its input where
+    an int8 kernel (not one of ``nodes``) writes it, through the ops between (one float region from
+    the inputs has none; scattered kernels have one each). ``dims``: sizes of symbolic dimensions (a
+    sequence's length; others count 1). A kernel the model has no class or shape for costs nothing."""
+    dims = dims or {}
+    kept = set(nodes)
+    int8 = set(int8_kernels(model))
+    by_name = {n.name: n for n in model.graph if n.name in kept}
+    up_memo: dict[int, set[str]] = {}
+
+    def is_kernel(node: ir.Node) -> bool:
+        return node.op_type in WEIGHTED or (node.domain == "com.microsoft" and node.op_type in WRITTEN_INT8)
+
+    def up(value: ir.Value) -> set[str]:  # the int8 kernels writing ``value``, through the ops between
+        if id(value) not in up_memo:
+            node, found = value.producer(), set[str]()
+            up_memo[id(value)] = found
+            if node is not None and node.name in int8:
+                found.add(node.name)
+            elif node is not None and not is_kernel(node):
+                for v in node.inputs:
+                    if v is not None and constant(v) is None:
+                        found |= up(v)
+        return up_memo[id(value)]
+
+    total = 0.0
+    for name in sorted(kept):
+        node = by_name.get(name)
+        kind = kernel_class(node) if node is not None else None
+        price = costs.kernels.get(kind) if kind is not None else None
+        macs = _macs(node, dims) if node is not None and price is not None else None
+        if node is None or price is None or macs is None:
+            continue
+        total += price.float_op.us(macs) - price.int8_op.us(macs)
+        x = node.inputs[0]
+        if x is not None and up(x) - kept:
+            total += price.input_crossing.us(_elements(x, dims) or 0)
+    return total
 
 
 def _float_variant(

@@ -278,7 +278,7 @@ def _budget(report: Mapping[str, Any]) -> list[str]:
         ),
         _table(["kept float", "effect dB", "local SQNR dB"], kept),
         _table(
-            ["kernels kept float", "family", budget["measures"], "latency / float"],
+            ["kernels kept float", "family", budget["measures"], "modelled us added", "latency / float"],
             [_try_row(t, float_ms) for t in tries],
         ),
     ]
@@ -292,7 +292,7 @@ def _family(step: Mapping[str, Any]) -> str:
 def _try_row(step: Mapping[str, Any], float_ms: float | None) -> list[Any]:
     family = _family(step) if step["kept_float"] else ""
     cost = step["latency_ms"] / float_ms if float_ms and "latency_ms" in step else ""
-    return [step["kept_float"], family, step["drop"], cost]
+    return [step["kept_float"], family, step["drop"], step.get("modelled_us", ""), cost]
 
 
 def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
