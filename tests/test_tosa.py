@@ -16,7 +16,7 @@ from onnx import numpy_helper
 import requant.api
 from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, lower_to_tosa, multiplier_shift
 from requant.backends.tosa_mlir import to_mlir
-from requant.backends.tosa_reference import apply_scale_32, run_tosa
+from requant.backends.tosa_reference import apply_scale_32, reciprocal_scale, run_tosa
 from requant.backends.tosa_tools import IreeModule, compile_iree, tools_missing, validate_tosa
 from requant.cli import main
 from requant.errors import RequantError
@@ -36,6 +36,21 @@ def test_a_scale_becomes_a_32_bit_multiplier_and_a_shift() -> None:
     for bad in (0.0, -1.0, math.inf, 2.0**40, 2.0**-40):
         with pytest.raises(TosaError):
             multiplier_shift(bad)
+
+
+def test_reciprocal_scale_divides_a_windows_sum_by_its_count_as_tosa_does() -> None:
+    """avg_pool2d's divisor: exact on multiples, the nearest integer otherwise; TOSA's multiplier is a
+    little above 2^(30+k) / count, so a negative sum exactly half-way (-765 / 6 = -127.5) goes down
+    where a half goes up elsewhere (IREE computes the same: the pooling tests above)."""
+    for count in range(1, 257):
+        sums = np.arange(-128 * count, 128 * count, dtype=np.int64)
+        multiplier, shift = reciprocal_scale(np.full(sums.shape, count))
+        assert np.all((multiplier >= 1 << 30) & (multiplier < 1 << 31))
+        got = apply_scale_32(sums, multiplier, shift)
+        assert np.array_equal(got[::count][1:], np.arange(-128, 128)[1:])  # multiples of the count: exact
+        assert np.all(np.abs(got - sums / count) <= 0.5)
+    multiplier, shift = reciprocal_scale(np.array([6, 6]))
+    assert apply_scale_32(np.array([-765, 765]), multiplier, shift).tolist() == [-128, 128]
 
 
 def test_apply_scale_rounds_half_up_and_double_round_adds_half_a_step_past_shift_31() -> None:
@@ -82,7 +97,9 @@ def _program(rng: np.random.Generator) -> TosaProgram:
     r2 = op("rescale", [dconv, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 40, np.int8)), zp(0, np.int32),
                         zp(-4)], (1, 6, 6, 12), "i8", per_channel=False, scale32=True)  # fmt: skip
     pool = op("max_pool2d", [r2], (1, 3, 3, 12), "i8", kernel=[2, 2], stride=[2, 2], pad=[0, 0, 0, 0])
-    wide = op("rescale", [pool, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 30, np.int8)), zp(-4),
+    # padding not counted: the corners average 4 values, the edges 6, the middle 9
+    mean = op("avg_pool2d", [pool, zp(-4), zp(5)], (1, 3, 3, 12), "i8", kernel=[3, 3], stride=[1, 1], pad=[1, 1, 1, 1])
+    wide = op("rescale", [mean, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 30, np.int8)), zp(5),
                           zp(0, np.int32)], (1, 3, 3, 12), "i32", per_channel=False, scale32=True)  # fmt: skip
     rows = op("reduce_sum", [wide], (1, 1, 3, 12), "i32", axis=1)
     total = op("add", [rows, rows], (1, 1, 3, 12), "i32")
@@ -192,6 +209,30 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
                      "matmul", "add", "rescale", "reshape"]  # fmt: skip
     assert result.report["tosa"]["against_qdq"]["samples"] == 8
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    _iree_agrees(result, data)
+
+
+def test_an_average_pool_that_does_not_count_its_padding_lowers_to_avg_pool2d() -> None:
+    """PyTorch's ``AvgPool2d(count_include_pad=False, ceil_mode=True)`` between two convs: TOSA's
+    avg_pool2d counts only the input's values in each window, as ONNX Runtime does; the lowered
+    program is within two output steps of the QDQ model (the pool's mean and its rescale round twice)."""
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,9,9] x) => (float[1,4,3,3] y) {'
+        " c = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, w, b) r = Relu(c)"
+        " p = AveragePool <kernel_shape = [2, 2], strides = [2, 2], count_include_pad = 0, ceil_mode = 1> (r)"
+        " y = Conv (p, v, d) }"
+    )
+    rng = np.random.default_rng(0)
+    for name, shape in (("w", (4, 3, 3, 3)), ("b", (4,)), ("v", (4, 4, 1, 1)), ("d", (4,))):
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        )
+    data = [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    pool = next(op for op in result.tosa.ops if op.kind == "avg_pool2d")
+    assert pool.attrs["pad"] == [0, 1, 0, 1] and pool.shape == (1, 3, 3, 4)  # 5 rows: the third window has one
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0 + 1e-4  # steps of a float scale
     _iree_agrees(result, data)
 
 

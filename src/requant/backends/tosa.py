@@ -591,13 +591,16 @@ class _Lowering:
     def average_pool(self, node: ir.Node) -> None:
         """A mean over each window as a depthwise conv with weights 1 (int32 sums, the zero point
         removed) rescaled by ``1 / window``: exact where every window counts the same (no padding, or
-        padding counted)."""
+        padding counted). Where padding is not counted (the windows at the edges average fewer values),
+        ``tosa.avg_pool2d``, which counts only the input's values, as ONNX does then."""
         x = self.nhwc(self.source(node.inputs[0], node))
         pads = list(node.attributes.get_ints("pads", [0, 0, 0, 0]))
-        if node.attributes.get_int("ceil_mode", 0) or (
-            any(pads) and not node.attributes.get_int("count_include_pad", 0)
-        ):
-            raise TosaError(f"node '{_name(node)}': AveragePool with ceil_mode or uncounted padding is not lowered")
+        counted, ceil = (bool(node.attributes.get_int(a, 0)) for a in ("count_include_pad", "ceil_mode"))
+        if not counted and (any(pads) or ceil):
+            self.average_pool_uncounted(node, x, pads)
+            return
+        if ceil:
+            raise TosaError(f"node '{_name(node)}': AveragePool with ceil_mode and counted padding is not lowered")
         kernel = list(node.attributes.get_ints("kernel_shape"))
         strides = list(node.attributes.get_ints("strides", [1, 1]))
         tosa_pads, crop = _exact_pads(x.shape[1:3], kernel, pads, strides, [1, 1])
@@ -612,6 +615,35 @@ class _Lowering:
         result = self.rescale(sums, (n, h, w, c), np.array([x.scale / (kernel[0] * kernel[1] * out_scale)]), 0, out_zp,
                               "i32", why)  # fmt: skip
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, (n, h, w, c), out_scale, out_zp, True)
+
+    def average_pool_uncounted(self, node: ir.Node, x: _Tensor, pads: list[int]) -> None:
+        """``tosa.avg_pool2d``: each window's input values (zero point removed) summed in int32 and
+        divided by how many there are (TOSA's ``reciprocal_scale``, rounded), on the input's scale;
+        then a rescale to the output's, where the QuantizeLinear after the pool asks for another. The
+        bottom and right padding are what make TOSA's output size exact (a ``ceil_mode`` window past
+        the input counts no more than its values)."""
+        kernel = list(node.attributes.get_ints("kernel_shape"))
+        strides = list(node.attributes.get_ints("strides", [1, 1]))
+        if any(d != 1 for d in node.attributes.get_ints("dilations", [1, 1])):
+            raise TosaError(f"node '{_name(node)}': AveragePool with dilations is not lowered")
+        n, c, h, w = self.shape_of(node.outputs[0])
+        tosa_pads, crop = [pads[0], 0, pads[1], 0], [0, 0]
+        for axis, out in ((0, h), (1, w)):  # the end padding TOSA's size formula needs, or rows to crop
+            end = (out - 1) * strides[axis] + kernel[axis] - x.shape[1 + axis] - pads[axis]
+            tosa_pads[2 * axis + 1], crop[axis] = max(end, 0), max(-end, 0)
+        if any(p >= k for p, k in zip(tosa_pads, (kernel[0], kernel[0], kernel[1], kernel[1]), strict=True)):
+            raise TosaError(
+                f"node '{_name(node)}': AveragePool padding {tosa_pads} reaches a whole window (TOSA: pad < kernel)"
+            )
+        x = self.cropped(x, crop)
+        shape = (n, h, w, c)
+        pooled = self.add("avg_pool2d", [x.name, self.zero_point(x.zero_point), self.zero_point(x.zero_point)], shape,
+                          "i8", kernel=kernel, stride=strides, pad=tosa_pads)  # fmt: skip
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        if not math.isclose(out_scale, x.scale, rel_tol=1e-6) or out_zp != x.zero_point:
+            why = f"AveragePool '{_name(node)}': the mean (on the input's scale) to the output's scale and zero point"
+            pooled = self.rescale(pooled, shape, np.array([x.scale / out_scale]), x.zero_point, out_zp, "i8", why)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(pooled, shape, out_scale, out_zp, True)
 
     def table(self, node: ir.Node) -> None:
         """A unary op on int8 values as ``tosa.table``: its 256 results, each the op on the dequantized

@@ -43,6 +43,9 @@ def _attributes(op: TosaOp, rounding: str) -> str:
                 f"rounding_mode = #tosa.rounding_mode<{rounding.upper()}>, scale32 = true")  # fmt: skip
     if op.kind == "clamp":
         return f"max_val = {a['max_val']} : i8, min_val = {a['min_val']} : i8, nan_mode = #tosa.nan_mode<PROPAGATE>"
+    if op.kind == "avg_pool2d":
+        return (f"acc_type = i32, kernel = {_array(a['kernel'])}, pad = {_array(a['pad'])}, "
+                f"stride = {_array(a['stride'])}")  # fmt: skip
     if op.kind == "max_pool2d":
         return (f"kernel = {_array(a['kernel'])}, nan_mode = #tosa.nan_mode<PROPAGATE>, pad = {_array(a['pad'])}, "
                 f"stride = {_array(a['stride'])}")  # fmt: skip

@@ -118,6 +118,36 @@ def _clamp(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.clip(args[0], op.attrs["min_val"], op.attrs["max_val"]).astype(args[0].dtype)
 
 
+def reciprocal_scale(count: Array) -> tuple[Array, Array]:
+    """TOSA's ``reciprocal_scale``: a multiplier in ``[2^30, 2^31)`` and a shift that divide by
+    ``count`` (positive) in ``apply_scale_32``."""
+    count = np.asarray(count, np.int64)
+    k = np.vectorize(lambda v: int(v - 1).bit_length(), otypes=[np.int64])(count)  # 2^(k-1) < count <= 2^k
+    multiplier = (((1 << 30) + 1) << k) // count
+    return multiplier, 30 + k
+
+
+def _avg_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """The windows' sums of the input values (zero point removed) over how many input values each
+    holds (padding counts none), by ``reciprocal_scale``, plus the output's zero point."""
+    x, input_zp, output_zp = args
+    top, bottom, left, right = op.attrs["pad"]
+    values = np.pad(x.astype(np.int64) - np.int64(input_zp[0]), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    inside = np.pad(np.ones((1, *x.shape[1:3], 1), np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    kh, kw = op.attrs["kernel"]
+    sh, sw = op.attrs["stride"]
+    n, oh, ow, c = op.shape
+    sums, counts = np.zeros((n, oh, ow, c), np.int64), np.zeros((1, oh, ow, 1), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            rows, cols = slice(i, i + (oh - 1) * sh + 1, sh), slice(j, j + (ow - 1) * sw + 1, sw)
+            sums += values[:, rows, cols, :]
+            counts += inside[:, rows, cols, :]
+    multiplier, shift = reciprocal_scale(counts)
+    mean = apply_scale_32(sums, multiplier, shift) + np.int64(output_zp[0])
+    return np.clip(mean, -128, 127).astype(np.int8)
+
+
 def _max_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
     x = args[0]
     top, bottom, left, right = op.attrs["pad"]
@@ -191,6 +221,7 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "rescale": _rescale,
     "clamp": _clamp,
     "max_pool2d": _max_pool,
+    "avg_pool2d": _avg_pool,
     "reduce_sum": _reduce_sum,
     "gather": _gather,
     "table": _table,
