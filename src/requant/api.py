@@ -993,6 +993,7 @@ def _tosa_record(
     q_session = session(exact_twin(proto))
     overflows: dict[str, list[int]] = {}
     largest, samples, narrowed = 0.0, 0, 0.0
+    same: list[float] = []  # per integer output and sample: the share of indices equal to ONNX Runtime's
     for sample in itertools.islice(iter_samples(model, data), TOSA_CHECK_SAMPLES):
         if any(np.shape(sample[e.name])[0] != 1 for e in program.inputs):
             continue  # the program is lowered for batch 1
@@ -1000,6 +1001,9 @@ def _tosa_record(
         got = run_tosa(program, ints)
         expected = q_session.run(None, sample)
         for edge, value, reference in zip(program.outputs, got, expected, strict=False):
+            if edge.dtype != "i8":  # indices (an ArgMax's): the same or not
+                same.append(float(np.mean(value == reference)))
+                continue
             steps = np.abs(edge.dequantize(value).astype(np.float64) - reference) / edge.scale
             largest = max(largest, float(steps.max(initial=0.0)))
         if accumulator_bits is not None:
@@ -1022,7 +1026,11 @@ def _tosa_record(
         "accumulator": accumulator,
         "inputs": [e.__dict__ for e in program.inputs],
         "outputs": [e.__dict__ for e in program.outputs],
-        "against_qdq": {"samples": samples, "largest_difference_steps": round(largest, 6)},
+        "against_qdq": {
+            "samples": samples,
+            "largest_difference_steps": round(largest, 6),
+            **({"same_indices": float(np.mean(same))} if same else {}),
+        },
     }
 
 
@@ -1104,6 +1112,7 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"TOSA: {sum(tosa['ops'].values())} ops ({', '.join(f'{k} x{v}' for k, v in kernels.items())}), "
             f"{len(tosa['rescales'])} rescales ({tosa['rounding']}); against the QDQ model in ONNX Runtime: at most "
             f"{check['largest_difference_steps']:.3g} output steps apart on {check['samples']} samples"
+            + (f", {check['same_indices']:.1%} of the indices the same" if "same_indices" in check else "")
         )
         if tosa["accumulator"] is not None:
             acc = tosa["accumulator"]

@@ -64,19 +64,23 @@ def _name(node: ir.Node) -> str:
 
 @dataclass(frozen=True)
 class Edge:
-    """A model input or output: its name, shape, and the int8 scale and zero point it is exchanged in."""
+    """A model input or output: its name, shape, and the int8 scale and zero point it is exchanged in;
+    or (``dtype`` "i32") an output of integers that are not quantized values (an ArgMax's indices)."""
 
     name: str
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+    dtype: str = "i8"
 
     def quantize(self, x: npt.ArrayLike) -> Array:
         """What the host gives the program for float ``x`` (``qcast``, half to even, as ONNX Runtime)."""
         return qcast(np.asarray(x, np.float32), UniformQuantizedType("i8", "f32", self.scale, self.zero_point))
 
     def dequantize(self, q: npt.ArrayLike) -> Array:
-        """The float values of the program's int8 ``q`` (``dcast``)."""
+        """The float values of the program's int8 ``q`` (``dcast``); integers as they are."""
+        if self.dtype != "i8":
+            return np.asarray(q)
         return dcast(np.asarray(q), UniformQuantizedType("i8", "f32", self.scale, self.zero_point))
 
 
@@ -158,6 +162,7 @@ class _Lowering:
         self.wide: dict[str, _Tensor] = {}  # a float sum's ONNX name -> its int32 stream
         self.constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
         self.transposed: dict[str, _Tensor] = {}  # an op's name -> the same values in the other layout
+        self.indices: dict[str, tuple[str, tuple[int, ...]]] = {}  # an ArgMax's ONNX output -> its i32 result
         self.count = 0
 
     def add(self, kind: str, inputs: list[str], shape: tuple[int, ...], dtype: str, **attrs: Any) -> str:
@@ -645,6 +650,25 @@ class _Lowering:
             pooled = self.rescale(pooled, shape, np.array([x.scale / out_scale]), x.zero_point, out_zp, "i8", why)
         self.tensors[str(q.outputs[0].name)] = _Tensor(pooled, shape, out_scale, out_zp, True)
 
+    def argmax(self, node: ir.Node) -> None:
+        """``tosa.argmax`` of the int8 values (the first largest, as ONNX's default): the same index as
+        on the dequantized values, whatever the scale; its i32 result is one of the function's results
+        (an ArgMax read by other ops is not lowered). Over NHWC channels without a transpose."""
+        x = self.source(node.inputs[0], node)
+        if node.attributes.get_int("select_last_index", 0):
+            raise TosaError(f"node '{_name(node)}': ArgMax with select_last_index (TOSA's argmax takes the first)")
+        axis = node.attributes.get_int("axis", 0) % len(x.shape)
+        if x.nhwc and axis == 1:
+            axis = 3  # channels, last in NHWC: the other axes keep ONNX's order
+        else:
+            x = self.nchw(x)
+        shape = tuple(d for i, d in enumerate(x.shape) if i != axis)
+        name = self.add("argmax", [x.name], shape, "i32", axis=axis)
+        wanted = self.shape_of(node.outputs[0])  # keepdims: the axis kept, of size 1
+        if wanted != shape:
+            name = self.add("reshape", [name], wanted, "i32", new_shape=list(wanted))
+        self.indices[str(node.outputs[0].name)] = (name, wanted)
+
     def table(self, node: ir.Node) -> None:
         """A unary op on int8 values as ``tosa.table``: its 256 results, each the op on the dequantized
         input then quantized (half to even) as the QuantizeLinear after it says: what ONNX Runtime
@@ -866,6 +890,10 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
         if node.op_type == "Pad" and node.inputs[0] is not None and str(node.inputs[0].name) in lowering.tensors:
             lowering.pad(node)  # requant's Pad on the integers
             continue
+        reads = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if node.op_type == "ArgMax" and reads is not None and reads.op_type == "DequantizeLinear":
+            lowering.argmax(node)  # of int8 values: indices
+            continue
         if all(o.dtype is not None and o.dtype != ir.DataType.FLOAT for o in node.outputs):
             continue  # shape arithmetic (int64): the shapes are static here
         if node.op_type in ("Relu", "Clip") and node.inputs[0] is not None:
@@ -879,10 +907,18 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
     outputs: list[Edge] = []
     results: list[str] = []
     for value in model.graph.outputs:
+        if str(value.name) in lowering.indices:  # an ArgMax's: i32 indices, not quantized
+            index, shape = lowering.indices[str(value.name)]
+            outputs.append(Edge(str(value.name), shape, 1.0, 0, "i32"))
+            results.append(index)
+            continue
         dq = value.producer()
         found = lowering.tensors.get(str(dq.inputs[0].name)) if dq is not None and dq.inputs[0] is not None else None
         if dq is None or dq.op_type != "DequantizeLinear" or found is None:
-            raise TosaError(f"output '{value.name}' is not a dequantized int8 tensor (the function returns int8)")
+            raise TosaError(
+                f"output '{value.name}' is not a dequantized int8 tensor (the function returns int8, or an ArgMax's "
+                "indices)"
+            )
         found = lowering.nchw(found)
         outputs.append(Edge(str(value.name), found.shape, found.scale, found.zero_point))
         results.append(found.name)

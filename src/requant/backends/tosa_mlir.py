@@ -46,6 +46,8 @@ def _attributes(op: TosaOp, rounding: str) -> str:
     if op.kind == "avg_pool2d":
         return (f"acc_type = i32, kernel = {_array(a['kernel'])}, pad = {_array(a['pad'])}, "
                 f"stride = {_array(a['stride'])}")  # fmt: skip
+    if op.kind == "argmax":
+        return f"axis = {a['axis']} : i32, nan_mode = #tosa.nan_mode<PROPAGATE>"
     if op.kind == "max_pool2d":
         return (f"kernel = {_array(a['kernel'])}, nan_mode = #tosa.nan_mode<PROPAGATE>, pad = {_array(a['pad'])}, "
                 f"stride = {_array(a['stride'])}")  # fmt: skip
@@ -72,13 +74,16 @@ def to_mlir(program: TosaProgram, rounding: str | None = None, name: str = "main
              "// dequantizes the outputs with these parameters (real = scale * (q - zero_point)):"]  # fmt: skip
     for what, edges in (("input", program.inputs), ("output", program.outputs)):
         for e in edges:
+            if e.dtype != "i8":
+                lines.append(f"//   {what} {e.name}: {e.dtype} {list(e.shape)} indices (not quantized)")
+                continue
             lines.append(f"//   {what} {e.name}: i8 {list(e.shape)} scale {e.scale!r} zero_point {e.zero_point}")
     lines.append("// quantized tensors of the model (requant's types; uint8 ones are stored here as int8, zp - 128):")
     lines += [f"//   {n}: {t}" for n, t in sorted(program.types.items())]
     args = ", ".join(f"{a}: {_type(e.shape, 'i8')}" for a, e in zip(program.arguments, program.inputs, strict=True))
     for a, e in zip(program.arguments, program.inputs, strict=True):
         types[a] = _type(e.shape, "i8")
-    results = ", ".join(_type(e.shape, "i8") for e in program.outputs)
+    results = ", ".join(_type(e.shape, e.dtype) for e in program.outputs)
     lines.append(f"func.func @{name}({args}) -> ({results}) {{")
     for op in program.ops:
         result_type = _type(op.shape, op.dtype)

@@ -148,6 +148,11 @@ def _avg_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.clip(mean, -128, 127).astype(np.int8)
 
 
+def _argmax(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    indices: Array = np.argmax(args[0], axis=op.attrs["axis"]).astype(np.int32)  # the first largest
+    return indices
+
+
 def _max_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
     x = args[0]
     top, bottom, left, right = op.attrs["pad"]
@@ -222,6 +227,7 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "clamp": _clamp,
     "max_pool2d": _max_pool,
     "avg_pool2d": _avg_pool,
+    "argmax": _argmax,
     "reduce_sum": _reduce_sum,
     "gather": _gather,
     "table": _table,
