@@ -260,6 +260,34 @@ def test_an_argmax_over_channels_is_a_result_of_indices() -> None:
     _iree_agrees(result, data)
 
 
+@pytest.mark.parametrize(("transform", "size"), [("half_pixel", (10, 10)), ("asymmetric", (15, 10)),
+                                                 ("align_corners", (13, 9)), ("pytorch_half_pixel", (10, 20))])  # fmt: skip
+def test_bilinear_upsampling_lowers_to_a_bilinear_tosa_resize(transform: str, size: tuple[int, int]) -> None:
+    """A linear Resize of a conv's output (5x5) between two convs, by whole factors (3 and 2 on the two
+    axes for asymmetric, 2 and 4 for pytorch_half_pixel) or from corner to corner: tosa.resize BILINEAR,
+    within a step or two of ONNX Runtime's output (its uint8 Resize rounds its own way), and what IREE
+    computes is what the interpreter computes."""
+    oh, ow = size
+    proto = onnx.parser.parse_model(
+        f'<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,9,9] x) => (float[1,4,{oh},{ow}] y) {{'
+        " c = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, w, b) r = Relu(c)"
+        f' u = Resize <mode = "linear", coordinate_transformation_mode = "{transform}"> (r, roi, scales, sizes)'
+        " y = Conv (u, v, d) }"
+    )
+    rng = np.random.default_rng(0)
+    arrays = {name: rng.standard_normal(shape).astype(np.float32)
+              for name, shape in (("w", (4, 3, 3, 3)), ("b", (4,)), ("v", (4, 4, 1, 1)), ("d", (4,)))}  # fmt: skip
+    arrays.update(roi=np.zeros(0, np.float32), scales=np.zeros(0, np.float32), sizes=np.array([1, 4, oh, ow]))
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(a, name) for name, a in arrays.items())
+    data = [{"x": rng.standard_normal((1, 3, 9, 9)).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    (resize,) = [op for op in result.tosa.ops if op.kind == "resize"]
+    assert resize.attrs["mode"] == "BILINEAR" and resize.dtype == "i32" and resize.shape == (1, oh, ow, 4)
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0 + 1e-4
+    _iree_agrees(result, data)
+
+
 def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_computes() -> None:
     """A 3-d input times constant weights (then a Relu), and the product of two activations (one
     transposed, as attention's keys are): quantized

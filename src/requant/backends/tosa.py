@@ -503,8 +503,11 @@ class _Lowering:
         ``input[out // factor]``: what ONNX's asymmetric/floor and half-pixel nearest modes compute
         then) as ``tosa.resize``: scale ``2 f / 2`` with offset ``-f``, so TOSA's rounding to the
         nearest source lands on the floor (``tosa.resize`` rounds half up)."""
-        x = self.nhwc(self.same_scale(node))
         mode = node.attributes.get_string("mode", "nearest")
+        if mode == "linear":
+            self.resize_bilinear(node)
+            return
+        x = self.nhwc(self.same_scale(node))
         transform = node.attributes.get_string("coordinate_transformation_mode", "half_pixel")
         rounding = node.attributes.get_string("nearest_mode", "round_prefer_floor")
         n, c, oh, ow = self.shape_of(node.outputs[0])
@@ -521,6 +524,45 @@ class _Lowering:
         shape = (n, oh, ow, c)
         name = self.add("resize", [x.name], shape, "i8", scale=scale, offset=offset, border=border)
         self.finish(node, name, shape, True)
+
+    def resize_bilinear(self, node: ir.Node) -> None:
+        """Bilinear upsampling of H and W as ``tosa.resize``: each output the sum of its four source
+        values weighted in whole units (the weights of an axis add up to its ``scale_n``), in int32;
+        the zero point taken out by one add (``zp * scale_y_n * scale_x_n``), then rescaled to the
+        output's int8. ``half_pixel`` (and ``pytorch_half_pixel``) and ``asymmetric`` by whole
+        factors, ``align_corners`` by any; TOSA clamps the source rows and columns at the edges as
+        ONNX does."""
+        x = self.nhwc(self.source(node.inputs[0], node))
+        transform = node.attributes.get_string("coordinate_transformation_mode", "half_pixel")
+        n, c, oh, ow = self.shape_of(node.outputs[0])
+        _, ih, iw, _ = x.shape
+        scale: list[int] = []
+        offset: list[int] = []
+        for out, size in ((oh, ih), (ow, iw)):
+            factor = out // size if out % size == 0 else 0
+            if transform in ("half_pixel", "pytorch_half_pixel") and factor:  # (out + 0.5) / f - 0.5
+                scale, offset = [*scale, 2 * factor, 2], [*offset, 1 - factor]
+            elif transform == "asymmetric" and factor:  # out / f
+                scale, offset = [*scale, factor, 1], [*offset, 0]
+            elif transform == "align_corners" and size > 1 and out > size:  # out (size - 1) / (out - 1)
+                scale, offset = [*scale, out - 1, size - 1], [*offset, 0]
+            else:
+                raise TosaError(f"node '{_name(node)}' (Resize): linear upsampling ({transform}) from {ih}x{iw} to "
+                                f"{oh}x{ow} is not lowered (whole factors; align_corners any)")  # fmt: skip
+        if max(scale[0], scale[2]) > 1 << 11:
+            raise TosaError(f"node '{_name(node)}' (Resize): TOSA's bilinear scale is at most 2048, not {scale}")
+        border = [(oh - 1) * scale[1] - (ih - 1) * scale[0] + offset[0],
+                  (ow - 1) * scale[3] - (iw - 1) * scale[2] + offset[1]]  # fmt: skip
+        shape = (n, oh, ow, c)
+        units = scale[0] * scale[2]
+        sums = self.add("resize", [x.name], shape, "i32", scale=scale, offset=offset, border=border, mode="BILINEAR")
+        if x.zero_point:
+            sums = self.add("add", [sums, self.const(np.full((1, 1, 1, 1), -x.zero_point * units), "i32")], shape,
+                            "i32")  # fmt: skip
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"Resize '{_name(node)}': the bilinear sums (in 1/{units} units) to the int8 output"
+        result = self.rescale(sums, shape, np.array([x.scale / (units * out_scale)]), 0, out_zp, "i32", why)
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, shape, out_scale, out_zp, True)
 
     def slice_op(self, node: ir.Node) -> None:
         """A Slice of int8 values (static starts, ends, axes and positive steps) as ``tosa.slice``; an

@@ -56,7 +56,7 @@ def _attributes(op: TosaOp, rounding: str) -> str:
     if op.kind == "concat":
         return f"axis = {a['axis']} : i32"
     if op.kind == "resize":
-        return "mode = #tosa.resize_mode<NEAREST_NEIGHBOR>"
+        return f"mode = #tosa.resize_mode<{a.get('mode', 'NEAREST_NEIGHBOR')}>"
     if op.kind == "reduce_sum":
         return f"axis = {a['axis']} : i32"
     return ""

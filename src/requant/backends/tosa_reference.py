@@ -201,8 +201,30 @@ def _nearest(out: int, size: int, numerator: int, denominator: int, offset: int)
     return nearest
 
 
+def _sources(out: int, size: int, numerator: int, denominator: int, offset: int) -> tuple[Array, Array, Array]:
+    """TOSA's bilinear resize along one axis: each output's two source indices (clamped to the input)
+    and the second one's weight, in units of ``numerator`` (the first weighs the rest)."""
+    y = np.arange(out, dtype=np.int64) * denominator + offset
+    index = np.floor_divide(y, numerator)
+    return np.clip(index, 0, size - 1), np.clip(index + 1, 0, size - 1), y - index * numerator
+
+
+def _bilinear(op: TosaOp, x: Array) -> Array:
+    oh, ow = op.shape[1:3]
+    sy, dy, sx, dx = op.attrs["scale"]
+    y0, y1, wy = _sources(oh, x.shape[1], sy, dy, op.attrs["offset"][0])
+    x0, x1, wx = _sources(ow, x.shape[2], sx, dx, op.attrs["offset"][1])
+    v = x.astype(np.int64)
+    wy, wx = wy[None, :, None, None], wx[None, None, :, None]
+    top = v[:, y0][:, :, x0] * (sx - wx) + v[:, y0][:, :, x1] * wx
+    bottom = v[:, y1][:, :, x0] * (sx - wx) + v[:, y1][:, :, x1] * wx
+    return _int32(top * (sy - wy) + bottom * wy, op)
+
+
 def _resize(op: TosaOp, args: list[Array], rounding: str) -> Array:
-    (x,) = args  # NHWC, NEAREST_NEIGHBOR
+    (x,) = args  # NHWC
+    if op.attrs.get("mode") == "BILINEAR":
+        return _bilinear(op, x)
     oh, ow = op.shape[1:3]
     sy, dy, sx, dx = op.attrs["scale"]
     rows = _nearest(oh, x.shape[1], sy, dy, op.attrs["offset"][0])

@@ -10,8 +10,8 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
-``Transpose``, ``Pad``, ``Slice`` (steps too), nearest ``Resize``, ``Gather``, and ``ArgMax`` (its
-indices a result of the function).
+``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
+``Gather``, and ``ArgMax`` (its indices a result of the function).
 """
 
 from __future__ import annotations
