@@ -33,7 +33,8 @@ class UnknownTargetError(RequantError):
 
 @dataclass(frozen=True)
 class Target:
-    """A target: its name, what it is, its support table, kernel model, default presets and backend."""
+    """A target: its name, what it is, its support table, kernel model, default presets, backend and
+    cost model."""
 
     name: str
     description: str
@@ -41,7 +42,9 @@ class Target:
     kernels: KernelModel
     presets: tuple[str, str]  # (conv nets, models with more linear layers than convolutions)
     backend: str = "qdq"  # "qdq": the QDQ ONNX model; "tosa": integer-only TOSA MLIR lowered from it
-    costs: CostModel | None = None  # what its ops cost, for placement (None: every int8 op the table allows)
+    # what its ops and kernels cost, for placement and the accuracy budget's choice (None: every int8 op
+    # the table allows is placed int8, and the budget keeps the fewest kernels float)
+    costs: CostModel | None = None
 
     def __str__(self) -> str:
         return self.name
