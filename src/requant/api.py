@@ -534,7 +534,7 @@ def _unless_worse(
     staged: _Staged,
     comparison: _Comparison,
     choice: dict[str, Any],
-    sketched: bool = False,
+    as_compared: bool = False,
 ) -> _Converted:
     """The model with corrected biases, unless its output is further from float on the held-out samples
     than the same model's without (then that one, its kernels still measured, none corrected).
@@ -542,10 +542,12 @@ def _unless_worse(
     Bias correction measures each kernel's mean error with the others uncorrected and corrects all at
     once; on ddddocr's detector calibrated on 181 samples that made the output's SQNR 17.3 -> 9.0 dB
     (one early conv's correction; on the samples it was measured on too), where on 45 samples it
-    helped. Checking costs one run of the held-out samples, none when ``sketched`` (the model is the
-    one the candidates were compared as: its score is known)."""
+    helped. Checking costs one run of the held-out samples, none when ``as_compared`` (the model is
+    the one the candidates were compared as: its score is known)."""
     method = choice["chosen"]
-    corrected = choice["output_sqnr_db"][method] if sketched else comparison.scores({method: converted.proto})[method]
+    corrected = (
+        choice["output_sqnr_db"][method] if as_compared else comparison.scores({method: converted.proto})[method]
+    )
     before = choice["uncorrected_sqnr_db"][method]
     choice["corrected_sqnr_db"] = corrected
     choice["bias_correction_kept"] = corrected >= before
@@ -638,6 +640,7 @@ def _within_budget(
     measured: dict[str, float | None] = {name: local.get(name) for name in int8_kernels(run.converted.model)}
     measured.update((name, sqnr) for name, sqnr in local.items() if name not in measured)
     effects: dict[str, float] = {}
+    samples: list[Any] = []  # the ranking's; the first gives the sizes of symbolic dimensions to the prices
     if steps[0].drop > max_drop and measured:
         samples = list(itertools.islice(iter_samples(run.converted.model, calibration_data), RANKING_SAMPLES))
         weights = {name: ir.serde.serialize_tensor(t) for name, t in run.converted.floats.items()}
@@ -668,8 +671,7 @@ def _within_budget(
             by_nodes[frozenset(nodes)] = known
         return known.drop <= max_drop
 
-    first_sample = next(iter(iter_samples(run.converted.model, calibration_data)))
-    dims = _symbolic_sizes(run.converted.model, first_sample)
+    dims = _symbolic_sizes(run.converted.model, samples[0]) if samples else {}
     priced: dict[tuple[str, int], float] = {}
 
     def cost(family: str, k: int) -> float:  # modelled microseconds the kernels float add to a run

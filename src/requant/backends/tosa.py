@@ -889,6 +889,11 @@ def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[st
     return shapes, integers
 
 
+def _reads_dequantized(node: ir.Node) -> bool:
+    producer = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    return producer is not None and producer.op_type == "DequantizeLinear"
+
+
 def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgram:
     """The integer TOSA program of a QDQ ``model`` (requant's output), batch 1; its rescales round as
     ``rounding`` says (``single_round``, TOSA's; ``double_round``, TFLite's: TOSA's extension)."""
@@ -932,8 +937,7 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
         if node.op_type == "Pad" and node.inputs[0] is not None and str(node.inputs[0].name) in lowering.tensors:
             lowering.pad(node)  # requant's Pad on the integers
             continue
-        reads = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-        if node.op_type == "ArgMax" and reads is not None and reads.op_type == "DequantizeLinear":
+        if node.op_type == "ArgMax" and _reads_dequantized(node):
             lowering.argmax(node)  # of int8 values: indices
             continue
         if all(o.dtype is not None and o.dtype != ir.DataType.FLOAT for o in node.outputs):

@@ -131,18 +131,10 @@ def _avg_pool(op: TosaOp, args: list[Array], rounding: str) -> Array:
     """The windows' sums of the input values (zero point removed) over how many input values each
     holds (padding counts none), by ``reciprocal_scale``, plus the output's zero point."""
     x, input_zp, output_zp = args
-    top, bottom, left, right = op.attrs["pad"]
-    values = np.pad(x.astype(np.int64) - np.int64(input_zp[0]), ((0, 0), (top, bottom), (left, right), (0, 0)))
-    inside = np.pad(np.ones((1, *x.shape[1:3], 1), np.int64), ((0, 0), (top, bottom), (left, right), (0, 0)))
     kh, kw = op.attrs["kernel"]
-    sh, sw = op.attrs["stride"]
-    n, oh, ow, c = op.shape
-    sums, counts = np.zeros((n, oh, ow, c), np.int64), np.zeros((1, oh, ow, 1), np.int64)
-    for i in range(kh):
-        for j in range(kw):
-            rows, cols = slice(i, i + (oh - 1) * sh + 1, sh), slice(j, j + (ow - 1) * sw + 1, sw)
-            sums += values[:, rows, cols, :]
-            counts += inside[:, rows, cols, :]
+    window = (op.attrs["pad"], op.attrs["stride"], [1, 1], True)  # a depthwise window of ones
+    sums = _window_sum(x.astype(np.int64) - np.int64(input_zp[0]), np.ones((kh, kw, x.shape[3], 1), np.int64), *window)
+    counts = _window_sum(np.ones((1, *x.shape[1:3], 1), np.int64), np.ones((kh, kw, 1, 1), np.int64), *window)
     multiplier, shift = reciprocal_scale(counts)
     mean = apply_scale_32(sums, multiplier, shift) + np.int64(output_zp[0])
     return np.clip(mean, -128, 127).astype(np.int8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
@@ -43,14 +45,14 @@ def fresh_name(base: str, taken: set[str | None]) -> str:
     return name
 
 
-def static_elements(value: ir.Value) -> int | None:
+def static_elements(value: ir.Value, dims: Mapping[str, int] | None = None) -> int | None:
     """The elements of ``value`` per sample, where its shape is known (a symbolic dimension, such as
-    the batch, counts 1); None when it has no shape."""
+    the batch, counts as ``dims`` names it, else 1); None when it has no shape."""
     if value.shape is None:
         return None
     count = 1
     for d in value.shape:
-        count *= d if isinstance(d, int) else 1
+        count *= d if isinstance(d, int) else (dims or {}).get(str(d), 1)
     return count
 
 

@@ -49,7 +49,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.provenance import QUANTIZES_KEY
-from requant.ir.queries import DEFAULT_DOMAINS, clamp_bounds, constant, dequantized_constant
+from requant.ir.queries import DEFAULT_DOMAINS, clamp_bounds, constant, dequantized_constant, static_elements
 from requant.ir.traits import WEIGHTED
 from requant.targets.costs import CostModel
 from requant.targets.kernels import is_depthwise
@@ -213,19 +213,9 @@ def kernel_class(node: ir.Node) -> str | None:
     return "pointwise" if all(d == 1 for d in dims[2:]) else "dense"
 
 
-def _elements(value: ir.Value | None, dims: Mapping[str, int]) -> int | None:
-    """``value``'s elements, a symbolic dimension counted as ``dims`` names it (else 1); None unknown."""
-    if value is None or value.shape is None:
-        return None
-    count = 1
-    for d in value.shape:
-        count *= d if isinstance(d, int) else dims.get(str(d), 1)
-    return count
-
-
 def _macs(node: ir.Node, dims: Mapping[str, int]) -> int | None:
     """A kernel's multiply-adds per run: its output's elements times each one's reduction length."""
-    out, weight = _elements(node.outputs[0], dims), node.inputs[1].shape if node.inputs[1] is not None else None
+    out, weight = static_elements(node.outputs[0], dims), node.inputs[1].shape if node.inputs[1] is not None else None
     if out is None or weight is None or not all(isinstance(d, int) for d in weight) or len(weight) < 2:
         return None
     w = [d for d in weight if isinstance(d, int)]
@@ -275,7 +265,7 @@ def float_cost_us(
         total += price.float_op.us(macs) - price.int8_op.us(macs)
         x = node.inputs[0]
         if x is not None and up(x) - kept:
-            total += price.input_crossing.us(_elements(x, dims) or 0)
+            total += price.input_crossing.us(static_elements(x, dims) or 0)
     return total
 
 
