@@ -157,9 +157,9 @@ def test_real_models_are_annotated_end_to_end(name: str) -> None:
 def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     """The default's pair-safe int8 weights against 7-bit and uint8 ones, through ONNX Runtime's int8 kernels.
 
-    Measured (48 calibration / 48 evaluation crops of the bench photos): logits SQNR 22.3 dB with
-    the default, 18.0 dB with 7-bit weights, 21.9 dB with uint8 weights (the exact but slower
-    uint8 x uint8 kernel).
+    Measured (48 calibration / 48 evaluation crops of the bench photos): logits SQNR 23.7 dB with
+    the default, 22.7 dB with 7-bit weights (18.0 before their integers were rounded by error feedback),
+    and uint8 weights (the exact but slower uint8 x uint8 kernel, rounded to nearest: asymmetric).
     """
     from requant.quantizers import INT8_REDUCED_RANGE_WEIGHTS, UINT8_PER_CHANNEL_WEIGHTS, Quantizer
     from tests.models import on_crops
@@ -185,7 +185,7 @@ def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     kept = default["lint"]["kept_float_by_decision"]  # listed apart from accidents, with the reason
     assert len(kept) == 7 and all(k.startswith("Add '") and "a sum of two activations" in k for k in kept)
     assert default["evaluation"]["sqnr_db"] > 20.0
-    assert default["evaluation"]["sqnr_db"] > reports["reduced"]["evaluation"]["sqnr_db"] + 3.0
+    assert default["evaluation"]["sqnr_db"] > reports["reduced"]["evaluation"]["sqnr_db"] + 0.5
     assert default["evaluation"]["sqnr_db"] > reports["uint8"]["evaluation"]["sqnr_db"] - 0.5
     weights = {c["value"]: c["type"] for c in default["calibrated"] if c["kind"] == "weight"}
     assert len(weights) == 50 and all(t.startswith("!quant.uniform<i8:") for t in weights.values())
@@ -196,7 +196,10 @@ def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     )
     paired = [e for e in encodings.values() if e["accumulation"] == "int16 pairs"]
     assert len(paired) == 34 and all(e["margin"] >= 0 for e in paired)  # the proof, for every input
-    assert all(e["encoded_sqnr_db"] > e["sqnr_db"] - 3.0 for e in paired)  # ~2 dB of ~43 dB of weight SQNR
+    nearest = [e for e in paired if e["rounding"] == "nearest"]
+    assert all(e["encoded_sqnr_db"] > e["sqnr_db"] - 3.0 for e in nearest)  # ~2 dB of ~43 dB of weight SQNR
+    fed = [e for e in paired if e["rounding"] == "error feedback"]  # the stem and the 1x1 convs up to 512 inputs
+    assert len(fed) > 20 and all(e["output_sqnr_db"] > e["nearest_output_sqnr_db"] for e in fed)
 
 
 def test_minilm_with_float_outputs_keeps_its_embeddings() -> None:

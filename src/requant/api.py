@@ -75,7 +75,7 @@ from requant.report.compare import CompareError, compare
 from requant.report.latency import interleaved_latency_ms, session
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary, method_summary
-from requant.runtime import exact_twin
+from requant.runtime import exact_twin, one_blas_thread
 from requant.targets.costs import CostModel
 from requant.targets.kernels import ONNXRUNTIME_X86_VNNI, host_kernel_model
 from requant.targets.registry import DEFAULT_TARGET, Target, get_target
@@ -754,6 +754,7 @@ def _check_arguments(**given: Any) -> None:
             raise ArgumentError(f"{name} must be {accepted}; got {value!r} ({type(value).__name__})")
 
 
+@one_blas_thread
 def quantize(
     model: Any,
     calibration_data: Any,

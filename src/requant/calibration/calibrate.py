@@ -16,11 +16,12 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, extremes, make_observer
+from requant.calibration.rounding import MOMENTS_KEY, InputMoments, Patches, measured_kernel
 from requant.calibration.runner import Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_parameter_type, set_quant_type
 from requant.ir.queries import graph_values
-from requant.ir.requests import QuantizationSpec
+from requant.ir.requests import QuantizationSpec, SharedSpec
 from requant.types import UniformType, from_range
 
 __all__ = ["Calibrated", "StatisticsCache", "calibrate", "weight_type"]
@@ -88,6 +89,8 @@ class StatisticsCache:
     weights: dict[tuple[int, str, QuantizationSpec], UniformType] = dataclasses.field(default_factory=dict)
     samples: int = 0
     channels: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the second moments of kernels' inputs (weight rounding), by input name, patches and reduction length
+    moments: dict[tuple[str, Patches, int], InputMoments] = dataclasses.field(default_factory=dict)
 
 
 class _Fanout(Observer):
@@ -96,19 +99,22 @@ class _Fanout(Observer):
     def __init__(self, observers: list[Observer]) -> None:
         self.observers = observers
         self.batchable = all(o.batchable for o in observers)
-        # minmax and mean_minmax (method="auto"): one min and max of the array for both
-        same = [o for o in observers if isinstance(o, MinMaxObserver) and o.axis is None]
-        self.extremes = same if len(same) == len(observers) else None
+        # minmax and mean_minmax (method="auto"): one min and max of the array for all of them
+        self.extremes: list[MinMaxObserver] = []
+        self.others: list[Observer] = []
+        for o in observers:
+            if isinstance(o, MinMaxObserver) and o.axis is None:
+                self.extremes.append(o)
+            else:
+                self.others.append(o)
 
     def update(self, array: Any) -> None:
-        if self.extremes is None:
-            for observer in self.observers:
-                observer.update(array)
-            return
-        found = extremes(array)
+        found = extremes(array) if self.extremes else None
         if found is not None:
-            for observer in self.extremes:
-                observer.add_extremes(found[1], found[2])
+            for each in self.extremes:
+                each.add_extremes(found[1], found[2])
+        for other in self.others:
+            other.update(array)
 
 
 def _activation_spec(value: ir.Value, requested: QuantizationSpec, method: str | None) -> QuantizationSpec:
@@ -139,6 +145,35 @@ def _check_not_constant(value: ir.Value, observer: Observer, count: int) -> None
         "quantization range would be that one point, and every real input would round onto it (blank or "
         "unloaded images?): give samples of real inputs"
     )
+
+
+def _kernel_moments(graph: ir.Graph, cache: StatisticsCache, fresh: dict[str, Observer]) -> dict[ir.Node, InputMoments]:
+    """An :class:`InputMoments` for the input of each dense kernel whose weight and input are
+    quantized (from ``cache``, or new: then fed with the other observers of the input, in ``fresh``)."""
+    found = {}
+    for node in graph:
+        measured = measured_kernel(node)
+        x = node.inputs[0] if measured is not None else None
+        if measured is None or x is None or x.const_value is not None:
+            continue
+        wanted, weight = request(x), request(node.inputs[1])  # type: ignore[arg-type]  # measured_kernel checked it
+        # the input quantized (observed, or sharing its producer's type: a Pad's), and the weight
+        if not isinstance(wanted, QuantizationSpec | SharedSpec) or not isinstance(weight, QuantizationSpec):
+            continue
+        patches, reduction = measured
+        key = (str(x.name), patches, reduction)
+        moments = cache.moments.get(key)
+        if moments is None:
+            moments = cache.moments[key] = InputMoments(patches, reduction)
+            name = str(x.name)
+            if name not in fresh:
+                fresh[name] = moments
+            elif isinstance(fresh[name], _Fanout):
+                fresh[name] = _Fanout([*fresh[name].observers, moments])  # type: ignore[attr-defined]
+            else:
+                fresh[name] = _Fanout([fresh[name], moments])
+        found[node] = moments
+    return found
 
 
 def calibrate(
@@ -191,7 +226,10 @@ def calibrate(
                 cache.observers.update({(name, s): o for s, o in others.items()})
                 fresh[name] = _Fanout([observer, *others.values()]) if others else observer
         pending[name] = (value, spec, observer)
+    kernels = _kernel_moments(graph, cache, fresh) if cache is not None else {}
     count = collect(model, data, fresh, progress) if fresh or cache is None else cache.samples
+    for node, moments in kernels.items():
+        node.meta[MOMENTS_KEY] = moments
     if cache is not None:
         cache.observers.update({(name, spec): obs for name, (_, spec, obs) in pending.items()})
         cache.samples = count

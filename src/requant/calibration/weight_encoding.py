@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
+from requant.calibration.rounding import MOMENTS_KEY, InputMoments, output_error, round_rows
 from requant.ir.annotations import quant_type, set_parameter_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
@@ -90,6 +91,12 @@ class WeightEncoding:
     largest_factor: float = 1.0
     moved: int = 0
     why: str = ""
+    # how the integers were rounded: "nearest", or "error feedback" against the kernel's calibration
+    # inputs (requant.calibration.rounding); the kernel's output SQNR (dB) from its weights' rounding
+    # alone on those inputs, rounded to nearest and as stored (None: no inputs measured)
+    rounding: str = "nearest"
+    nearest_output_sqnr_db: float | None = None
+    output_sqnr_db: float | None = None
 
 
 def _count(n: int, noun: str) -> str:
@@ -304,6 +311,64 @@ def _encode_one(
     )
 
 
+def _against_inputs(
+    node: ir.Node, w: ir.Value, xt: UniformQuantizedType, kernels: KernelModel, record: WeightEncoding
+) -> WeightEncoding:
+    """``record``'s weight rounded by error feedback against the second moments calibration measured
+    of the kernel's input (where it did: :mod:`requant.calibration.rounding`), at the scales the
+    encoding chose, when that brings the kernel's output closer to float than the integers it has; the
+    pair proof (where the kernel pairs products) is checked on the new integers."""
+    moments = node.meta.get(MOMENTS_KEY)
+    wt = quant_type(w)
+    if not isinstance(moments, InputMoments) or not moments.enough or record.encoding == "not encoded":
+        return record
+    if not isinstance(wt, _WEIGHT_TYPES) or w.const_value is None:
+        return record
+    data = w.const_value.numpy().astype(np.float64)
+    reduction = Reduction(node.op_type, tuple(data.shape))  # a convolution of one group (Patches.of)
+    rows_f = reduction.rows(data)
+    scales, zero_points = _scales(wt, rows_f.shape[0]), _zero_points(wt, rows_f.shape[0])
+    if zero_points.any() or _row_scales(wt, node.op_type, 0):
+        return record
+    chosen = stored_values(w)
+    stored = reduction.rows((chosen if chosen is not None else qcast(data, wt)).astype(np.int64))
+    rule = kernels.find(node.op_type, xt.storage, wt.storage, False)
+    acc = rule.accumulation if rule is not None else None
+    bound = None
+    if acc is not None and acc.saturates:
+        if xt.storage_min != 0:  # signed inputs: the bound is not one on same-sign pairs
+            return record
+        low, high = acc.pair_limits
+        bound = (float(xt.storage_max), float(low), float(high))
+    h = moments.total
+    assert h is not None
+    units = rows_f / scales[:, None]
+    k = units.shape[1]
+    padded = bound is not None and k % 2  # the kernel pads its pairs with a zero element
+    q = round_rows(np.pad(units, ((0, 0), (0, 1))) if padded else units, np.pad(h, ((0, 1), (0, 1))) if padded else h,
+                   wt.storage_min, wt.storage_max, bound)[:, :k]  # fmt: skip
+    if acc is not None and acc.saturates and acc.overflow(q.astype(np.int64), xt.storage_min, xt.storage_max).max() > 0:
+        raise AssertionError(f"{record.node}: error-feedback rounding broke the pair proof")
+    signal = output_error(units, np.zeros_like(units), h)
+    before, after = output_error(units, stored, h), output_error(units, q, h)
+    nearest_db = _sqnr(signal, before)
+    if after >= before:
+        return dataclasses.replace(record, nearest_output_sqnr_db=nearest_db, output_sqnr_db=nearest_db)
+    set_stored_values(w, reduction.weight_of(q).astype(wt.storage_type.numpy_dtype))
+    margin = acc.margin(q.astype(np.int64), xt.storage_min, xt.storage_max) if acc is not None else record.margin
+    weight_noise = float(((rows_f - q * scales[:, None]) ** 2).sum())
+    nearest = np.clip(np.rint(units), wt.storage_min, wt.storage_max)
+    return dataclasses.replace(
+        record,
+        rounding="error feedback",
+        margin=int(margin),
+        encoded_sqnr_db=_sqnr(float((data**2).sum()), weight_noise),
+        moved=int((q != nearest).sum()),
+        nearest_output_sqnr_db=nearest_db,
+        output_sqnr_db=_sqnr(signal, after),
+    )
+
+
 # what encoding one weight gave: its record, and (when re-encoded) its new type and stored integers
 _Encoded = tuple[WeightEncoding, QuantizedType | None, npt.NDArray[Any] | None]
 EncodingMemo = dict[tuple[Any, ...], _Encoded]
@@ -330,13 +395,15 @@ def encode_weights(model: ir.Model, kernels: KernelModel, memo: EncodingMemo | N
             )
             if memo is None or key not in memo:
                 record = _encode_one(node, w, xt, wt, kernels)
+                record = _against_inputs(node, w, xt, kernels, record)
                 encoded = quant_type(w) if record.encoding == "pair-safe" else None
                 if memo is not None:
-                    memo[key] = (record, encoded, stored_values(w) if encoded is not None else None)
+                    memo[key] = (record, encoded, stored_values(w))
             else:
                 record, encoded, stored = memo[key]
                 if encoded is not None:
                     set_parameter_type(w, encoded)
+                if stored is not None:
                     set_stored_values(w, stored)
             records.append(record)
     return records

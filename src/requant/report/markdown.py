@@ -85,11 +85,23 @@ def encoding_summary(section: Mapping[str, Any]) -> str:
     if not paired:
         return f"full range, exact on {section['exact_on']} ({len(kernels)} kernels add in int32)"
     encoded = [e for e in paired if e["encoding"] == "pair-safe"]
-    cost = max((e["sqnr_db"] - e["encoded_sqnr_db"] for e in encoded), default=0.0)
+    # the encoding's cost in weight SQNR, where the integers are its own (error feedback moves more, on purpose)
+    costs = [e["sqnr_db"] - e["encoded_sqnr_db"] for e in encoded if e.get("rounding", "nearest") == "nearest"]
     text = "exact on every x86-64 CPU" if not unsafe else f"{len(unsafe)} kernels can saturate on {section['exact_on']}"
     text += f": of {len(paired)} kernels with int16 pair sums, {len(paired) - len(encoded) - len(unsafe)} proven at "
-    text += f"full range, {len(encoded)} re-encoded so no pair can saturate (at most {cost:.1f} dB of weight SQNR)"
-    return text
+    text += f"full range, {len(encoded)} re-encoded so no pair can saturate"
+    text += f" (at most {max(costs):.1f} dB of weight SQNR)" if costs else ""
+    return text + _rounding_summary(kernels)
+
+
+def _rounding_summary(kernels: list[Mapping[str, Any]]) -> str:
+    """How many kernels' integers error feedback chose, and what it gained on their outputs."""
+    fed = [e for e in kernels if e.get("rounding") == "error feedback"]
+    if not fed:
+        return ""
+    gains = sorted(e["output_sqnr_db"] - e["nearest_output_sqnr_db"] for e in fed)
+    return (f"; {len(fed)} rounded by error feedback against their calibration inputs (their outputs "
+            f"{gains[len(gains) // 2]:+.1f} dB SQNR, median)")  # fmt: skip
 
 
 def _lint(lint: Mapping[str, Any]) -> list[str]:
