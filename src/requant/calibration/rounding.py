@@ -154,8 +154,9 @@ class InputMoments(Observer):
             rows = self.patches.rows(sample, self.per_sample)[: self.cap - self.vectors]
             if rows.shape[1] != self.reduction:
                 raise ValueError(f"input vectors of {rows.shape[1]} elements for a reduction of {self.reduction}")
-            if not np.isfinite(rows).all():  # the range check names the value; here it only counts nothing
-                rows = rows[np.isfinite(rows).all(axis=1)]
+            finite = np.isfinite(rows).all(axis=1)
+            if not finite.all():  # left out here (the range observers name the value)
+                rows = rows[finite]
             product = (rows.T @ rows).astype(np.float64)
             self.total = product if self.total is None else self.total + product
             self.vectors += len(rows)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ from requant.calibration.rounding import MOMENTS_KEY, InputMoments, output_error
 from requant.ir.annotations import quant_type, set_parameter_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
-from requant.targets.kernels import KernelModel, Reduction, is_depthwise
+from requant.targets.kernels import KernelModel, KernelRule, Reduction, is_depthwise
 from requant.types import (
     QuantizedType,
     UniformQuantizedPerAxisType,
@@ -243,9 +243,19 @@ def _kernels(node: ir.Node) -> list[tuple[ir.Value, UniformQuantizedType, _Weigh
     return found
 
 
-def _encode_one(
-    node: ir.Node, w: ir.Value, xt: UniformQuantizedType, wt: _WeightType, kernels: KernelModel
-) -> WeightEncoding:
+class _Rows(NamedTuple):
+    """A kernel's weight as its GEMM's rows: the float weight, its reduction, its rows ``[N, K]``,
+    their scales and zero points (of the weight's type), and the kernel's rule."""
+
+    data: Array
+    reduction: Reduction
+    f: Array
+    scales: Array
+    zero_points: Array
+    rule: KernelRule | None
+
+
+def _rows(node: ir.Node, w: ir.Value, xt: UniformQuantizedType, wt: _WeightType, kernels: KernelModel) -> _Rows:
     assert w.const_value is not None
     data = w.const_value.numpy().astype(np.float64)
     group = node.attributes.get_int("group", 1) if node.op_type == "Conv" else 1
@@ -254,10 +264,15 @@ def _encode_one(
         node.op_type, xt.storage, wt.storage, node.op_type == "Conv" and is_depthwise(data.shape, group)
     )
     reduction = Reduction(node.op_type, tuple(data.shape), trans_b, group)
-    rows_f = reduction.rows(data)
+    f = reduction.rows(data)
+    return _Rows(data, reduction, f, _scales(wt, len(f)), _zero_points(wt, len(f)), rule)
+
+
+def _encode_one(
+    node: ir.Node, w: ir.Value, xt: UniformQuantizedType, wt: _WeightType, kernels: KernelModel
+) -> WeightEncoding:
+    data, reduction, rows_f, scales, zero_points, rule = _rows(node, w, xt, wt, kernels)
     stored = reduction.rows(qcast(data, wt).astype(np.int64))
-    scales = _scales(wt, rows_f.shape[0])
-    zero_points = _zero_points(wt, rows_f.shape[0])
     lo, hi = np.int64(xt.storage_min), np.int64(xt.storage_max)  # every stored value the input can hold
     signal = float((data**2).sum())
     rounded_db = _sqnr(signal, float(((rows_f - (stored - zero_points[:, None]) * scales[:, None]) ** 2).sum()))
@@ -279,7 +294,7 @@ def _encode_one(
         return dataclasses.replace(record, why=f"{record.kernel}: products added in int32")
     if record.margin >= 0:
         return dataclasses.replace(record, why="no pair can leave the int16 range for any input")
-    row_axis = 0 if node.op_type == "Conv" or trans_b else 1
+    row_axis = 0 if node.op_type == "Conv" or reduction.trans_b else 1
     not_rows = _row_scales(wt, node.op_type, row_axis)
     if zero_points.any() or not_rows:
         why = "asymmetric weights" if zero_points.any() else str(not_rows)
@@ -319,20 +334,16 @@ def _against_inputs(
     encoding chose, when that brings the kernel's output closer to float than the integers it has; the
     pair proof (where the kernel pairs products) is checked on the new integers."""
     moments = node.meta.get(MOMENTS_KEY)
-    wt = quant_type(w)
+    wt = quant_type(w)  # the encoding's (its scales raised where it re-encoded)
     if not isinstance(moments, InputMoments) or not moments.enough or record.encoding == "not encoded":
         return record
     if not isinstance(wt, _WEIGHT_TYPES) or w.const_value is None:
         return record
-    data = w.const_value.numpy().astype(np.float64)
-    reduction = Reduction(node.op_type, tuple(data.shape))  # a convolution of one group (Patches.of)
-    rows_f = reduction.rows(data)
-    scales, zero_points = _scales(wt, rows_f.shape[0]), _zero_points(wt, rows_f.shape[0])
+    data, reduction, rows_f, scales, zero_points, rule = _rows(node, w, xt, wt, kernels)  # a Conv of one group
     if zero_points.any() or _row_scales(wt, node.op_type, 0):
         return record
     chosen = stored_values(w)
     stored = reduction.rows((chosen if chosen is not None else qcast(data, wt)).astype(np.int64))
-    rule = kernels.find(node.op_type, xt.storage, wt.storage, False)
     acc = rule.accumulation if rule is not None else None
     bound = None
     if acc is not None and acc.saturates:
@@ -347,7 +358,12 @@ def _against_inputs(
     padded = bound is not None and k % 2  # the kernel pads its pairs with a zero element
     q = round_rows(np.pad(units, ((0, 0), (0, 1))) if padded else units, np.pad(h, ((0, 1), (0, 1))) if padded else h,
                    wt.storage_min, wt.storage_max, bound)[:, :k]  # fmt: skip
-    if acc is not None and acc.saturates and acc.overflow(q.astype(np.int64), xt.storage_min, xt.storage_max).max() > 0:
+    over, margin = (
+        acc.overflow_and_margin(q.astype(np.int64), xt.storage_min, xt.storage_max)
+        if acc is not None
+        else (None, record.margin)
+    )
+    if over is not None and over.max() > 0:
         raise AssertionError(f"{record.node}: error-feedback rounding broke the pair proof")
     signal = output_error(units, np.zeros_like(units), h)
     before, after = output_error(units, stored, h), output_error(units, q, h)
@@ -355,7 +371,6 @@ def _against_inputs(
     if after >= before:
         return dataclasses.replace(record, nearest_output_sqnr_db=nearest_db, output_sqnr_db=nearest_db)
     set_stored_values(w, reduction.weight_of(q).astype(wt.storage_type.numpy_dtype))
-    margin = acc.margin(q.astype(np.int64), xt.storage_min, xt.storage_max) if acc is not None else record.margin
     weight_noise = float(((rows_f - q * scales[:, None]) ** 2).sum())
     nearest = np.clip(np.rint(units), wt.storage_min, wt.storage_max)
     return dataclasses.replace(
