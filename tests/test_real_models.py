@@ -194,6 +194,9 @@ def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     assert len(depthwise) == 16 and all(
         e["encoding"] == "full range" and e["accumulation"] == "int32" for e in depthwise
     )
+    # each channel rounded against its own input (int32 sums: no bound to keep)
+    assert all(e["rounding"] == "error feedback" for e in depthwise)
+    assert all(e["output_sqnr_db"] > e["nearest_output_sqnr_db"] for e in depthwise)
     paired = [e for e in encodings.values() if e["accumulation"] == "int16 pairs"]
     assert len(paired) == 34 and all(e["margin"] >= 0 for e in paired)  # the proof, for every input
     nearest = [e for e in paired if e["rounding"] == "nearest"]

@@ -17,7 +17,7 @@ import pytest
 
 import requant.api
 import requant.calibration.rounding as rounding
-from requant.calibration.rounding import InputMoments, Patches, output_error, round_rows
+from requant.calibration.rounding import InputMoments, Patches, output_error, round_rows, round_rows_each
 from requant.calibration.weight_encoding import encode_rows
 from requant.types.accumulation import INT16_PAIRS
 
@@ -125,6 +125,39 @@ def test_moments_are_the_same_however_samples_are_stacked() -> None:
     assert np.array_equal(one.total, stacked.total) and one.vectors == stacked.vectors == one.cap
     assert one.per_sample == int(np.ceil(one.cap / rounding.SAMPLE_SHARE))  # no sample gives more than its share
     assert one.enough
+
+
+def test_a_depthwise_kernels_moments_are_each_channels_own() -> None:
+    rng = np.random.default_rng(6)
+    samples = rng.normal(size=(6, 4, 10, 10)).astype(np.float32) * np.arange(1, 5, dtype=np.float32)[:, None, None]
+    depthwise = InputMoments(Patches((3, 3), (1, 1, 1, 1), depthwise=True), 9)
+    for sample in samples:
+        depthwise.update(sample[None])
+    assert depthwise.total is not None and depthwise.total.shape == (4, 9, 9) and depthwise.enough
+    for c in range(4):  # channel c alone through a convolution of one input channel
+        alone = InputMoments(Patches((3, 3), (1, 1, 1, 1)), 9)
+        for sample in samples:
+            alone.update(sample[None, c : c + 1])
+        assert alone.total is not None and alone.vectors == depthwise.vectors
+        np.testing.assert_allclose(depthwise.total[c], alone.total, rtol=1e-5)
+
+
+def test_each_row_is_rounded_against_its_own_inputs() -> None:
+    rng = np.random.default_rng(7)
+    rows, k = 12, 9
+    f = rng.normal(scale=25, size=(rows, k))
+    fitted = [_correlated(rng, 400, k) for _ in range(rows)]
+    fresh = [_correlated(rng, 400, k) for _ in range(rows)]
+    h = np.stack([x.T @ x for x in fitted])
+    q = round_rows_each(f, h, -127, 127)
+    for i in range(rows):  # the same integers as the shared-H rounding of that row alone
+        assert np.array_equal(q[i], round_rows(f[i : i + 1], h[i], -127, 127)[0])
+    h_new = np.stack([x.T @ x for x in fresh])
+    nearest = np.clip(np.rint(f), -127, 127)
+    assert output_error(f, q, h_new) < 0.8 * output_error(f, nearest, h_new)  # held out
+    assert output_error(f, q, h_new) == pytest.approx(
+        sum(output_error(f[i : i + 1], q[i : i + 1], h_new[i]) for i in range(rows))
+    )
 
 
 def _quantized(tmp: Path, name: str) -> tuple[requant.api.QuantizedModel, np.ndarray]:

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.rounding import MOMENTS_KEY, InputMoments, output_error, round_rows
+from requant.calibration.rounding import MOMENTS_KEY, InputMoments, output_error, round_rows, round_rows_each
 from requant.ir.annotations import quant_type, set_parameter_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
@@ -356,8 +356,13 @@ def _against_inputs(
     units = rows_f / scales[:, None]
     k = units.shape[1]
     padded = bound is not None and k % 2  # the kernel pads its pairs with a zero element
-    q = round_rows(np.pad(units, ((0, 0), (0, 1))) if padded else units, np.pad(h, ((0, 1), (0, 1))) if padded else h,
-                   wt.storage_min, wt.storage_max, bound)[:, :k]  # fmt: skip
+    if h.ndim == 3:  # a depthwise convolution: each channel against its own input
+        if bound is not None:
+            return record
+        q = round_rows_each(units, h, wt.storage_min, wt.storage_max)
+    else:
+        f, hk = (np.pad(units, ((0, 0), (0, 1))), np.pad(h, ((0, 1), (0, 1)))) if padded else (units, h)
+        q = round_rows(f, hk, wt.storage_min, wt.storage_max, bound)[:, :k]
     over, margin = (
         acc.overflow_and_margin(q.astype(np.int64), xt.storage_min, xt.storage_max)
         if acc is not None
