@@ -101,8 +101,8 @@ class Patches:
         top, left, bottom, right = self.pads
         (sh, sw), (dh, dw) = self.strides, self.dilations
         n, c, h, w = x.shape
-        h, w = h + top + bottom, w + left + right
-        oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+        oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
         chosen = np.arange(0, n * oh * ow, _step(n * oh * ow, at_most))  # output positions, sample-major
         image, rest = np.divmod(chosen, oh * ow)
         oy, ox = np.divmod(rest, ow)
@@ -111,7 +111,7 @@ class Patches:
             y = oy * sh + i * dh - top
             for j in range(kw):
                 xs = ox * sw + j * dw - left
-                inside = (y >= 0) & (y < h - top - bottom) & (xs >= 0) & (xs < w - left - right)
+                inside = (y >= 0) & (y < h) & (xs >= 0) & (xs < w)
                 cols[:, i, j, :] = x[image, :, np.where(inside, y, 0), np.where(inside, xs, 0)]
                 cols[~inside, i, j, :] = 0.0
         return cols.reshape(len(chosen), kh * kw * c)
@@ -159,8 +159,6 @@ class InputMoments(Observer):
         return self.total is not None and self.vectors >= MIN_VECTORS_PER_ELEMENT * self.reduction
 
     def update(self, array: Array) -> None:
-        if self.vectors >= self.cap:  # most calls, after the first samples
-            return
         for sample in np.asarray(array)[:, None]:
             if self.vectors >= self.cap:
                 return
@@ -183,10 +181,22 @@ class InputMoments(Observer):
 
 def _upper_inverse_factor(h: Array) -> Array:
     """The upper Cholesky factor ``U`` of ``h^-1`` (``h^-1 = U^T U``; ``h`` symmetric positive
-    definite): the inverse of the lower factor of ``h`` with its order reversed, reversed back (one
-    factorization and one inverse instead of GPTQ's two and two)."""
-    reversed_lower = np.linalg.cholesky(h[::-1, ::-1])
-    return np.ascontiguousarray(np.linalg.inv(reversed_lower)[::-1, ::-1])
+    definite, or a stack of them): the inverse of the lower factor of ``h`` with its order reversed,
+    reversed back (one factorization and one inverse instead of GPTQ's two and two)."""
+    reversed_lower = np.linalg.cholesky(h[..., ::-1, ::-1])
+    return np.ascontiguousarray(np.linalg.inv(reversed_lower)[..., ::-1, ::-1])
+
+
+def _damped_factor(h: Array) -> Array:
+    """:func:`_upper_inverse_factor` of ``h`` (``[K, K]``, or a stack of them) once each input that
+    was always zero has a diagonal of 1 (its weights rounded to nearest, alone) and ``DAMPING`` times
+    the mean of the diagonal is added to it."""
+    h = np.array(h, np.float64)
+    k = np.arange(h.shape[-1])
+    diagonal = h[..., k, k]
+    diagonal[diagonal <= 0] = 1.0
+    h[..., k, k] = diagonal + DAMPING * diagonal.mean(axis=-1, keepdims=True)
+    return _upper_inverse_factor(h)
 
 
 def round_rows(
@@ -205,11 +215,7 @@ def round_rows(
     ``hi * (|q[2j]| + |q[2j + 1]|)`` inside it (``K`` even)."""
     n, k = f.shape
     w = np.array(f, np.float64).T.copy()  # [K, N]: one reduction element's weights are a contiguous row
-    h = np.array(h, np.float64)
-    unused = np.diag(h) <= 0  # an input that was always zero here: its weights rounded to nearest, alone
-    h[unused, unused] = 1.0
-    h[np.diag_indices(k)] += DAMPING * float(np.mean(np.diag(h)))
-    u = _upper_inverse_factor(h)
+    u = _damped_factor(h)
     q = np.empty_like(w)
     for start in range(0, k, _BLOCK):
         stop = min(start + _BLOCK, k)
@@ -233,15 +239,7 @@ def round_rows_each(f: Array, h: Array, qmin: int, qmax: int) -> Array:
     channels): ``h`` is ``[N, K, K]``, one row's second moments each; no pair bound."""
     k = f.shape[1]
     w = np.array(f, np.float64)
-    h = np.array(h, np.float64)
-    diagonal = np.diagonal(h, axis1=1, axis2=2).copy()
-    unused = diagonal <= 0
-    rows, cols = np.nonzero(unused)
-    h[rows, cols, cols] = 1.0
-    diagonal = np.diagonal(h, axis1=1, axis2=2)
-    h[:, np.arange(k), np.arange(k)] += DAMPING * diagonal.mean(axis=1, keepdims=True)
-    reversed_lower = np.linalg.cholesky(h[:, ::-1, ::-1])
-    u = np.linalg.inv(reversed_lower)[:, ::-1, ::-1]
+    u = _damped_factor(h)
     q = np.empty_like(w)
     for i in range(k):
         q[:, i] = np.clip(np.rint(w[:, i]), qmin, qmax)

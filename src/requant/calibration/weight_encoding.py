@@ -354,13 +354,13 @@ def _against_inputs(
     h = moments.total
     assert h is not None
     units = rows_f / scales[:, None]
-    k = units.shape[1]
-    padded = bound is not None and k % 2  # the kernel pads its pairs with a zero element
     if h.ndim == 3:  # a depthwise convolution: each channel against its own input
         if bound is not None:
             return record
         q = round_rows_each(units, h, wt.storage_min, wt.storage_max)
     else:
+        k = units.shape[1]
+        padded = bound is not None and k % 2  # the kernel pads its pairs with a zero element
         f, hk = (np.pad(units, ((0, 0), (0, 1))), np.pad(h, ((0, 1), (0, 1)))) if padded else (units, h)
         q = round_rows(f, hk, wt.storage_min, wt.storage_max, bound)[:, :k]
     over, margin = (
