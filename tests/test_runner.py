@@ -193,3 +193,44 @@ def test_a_large_sample_s_tensors_are_dropped_after_they_are_observed() -> None:
     # measured: +41 MB (the session's 32 MB output buffer, the session); +74 MB when the loop held
     # the first sample's results
     assert max(seen) - before < 56, (before, seen)
+
+
+CONV_RELU = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[N,16,12,12] X, float[16,16,3,3] W, float[16] B) => (float[N,16,12,12] Y) {
+    C = Conv <pads = [1, 1, 1, 1]> (X, W, B)
+    R = Relu(C)
+    D = Conv <pads = [1, 1, 1, 1]> (R, W, B)
+    Y = Relu(D)
+}
+"""
+
+
+def test_every_onnx_runtime_rewrite_keeps_the_observed_values() -> None:
+    """``optimize="all"`` (calibration's): ONNX Runtime fuses Conv+Relu and runs convs in NCHWc, but a
+    value asked for as an output is still computed; its extremes are numpy's up to float sums' order."""
+    import onnx
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2
+    b = rng.standard_normal(16).astype(np.float32)
+    proto = onnx.parser.parse_model(CONV_RELU)
+    del proto.graph.input[1:]  # W and B as initializers
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "B")])
+    model = ir.serde.deserialize_model(proto)
+    data = [{"X": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)} for _ in range(3)]
+
+    def conv(x: np.ndarray) -> np.ndarray:
+        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # N, C, H, W, 3, 3
+        return np.einsum("nchwij,ocij->nohw", windows, w.astype(np.float64)) + b[None, :, None, None]
+
+    c = np.concatenate([conv(x["X"]) for x in data])
+    d = conv(np.maximum(c, 0))
+    truth = {"C": c, "R": np.maximum(c, 0), "Y": np.maximum(d, 0)}  # D is not observed: fused with its Relu
+    observers = {name: MinMaxObserver() for name in truth}
+    assert collect(model, data, observers, optimize="all") == 3
+    for name, values in truth.items():
+        lo, hi = float(observers[name].lo), float(observers[name].hi)  # type: ignore[arg-type]
+        assert np.allclose([lo, hi], [values.min(), values.max()], rtol=1e-5, atol=1e-5), name

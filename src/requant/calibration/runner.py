@@ -78,8 +78,9 @@ def _session(model: ir.Model, names: list[str], optimize: bool | str = False) ->
     present = {id(o) for o in graph.outputs}
     added = [by_name[n] for n in names if n in by_name and id(by_name[n]) not in present]
     options = ort.SessionOptions()
-    # observe the model as it is; ``optimize``: basic rewrites only (constant folding), which keep every
-    # value; "all": every rewrite (fusions, NCHWc layouts), whose values differ in the last float digits
+    # ``optimize``: False, the model as it is; True, basic rewrites only (constant folding), which keep
+    # every value; "all": every rewrite (fusions, NCHWc layouts), whose values differ in the last float
+    # digits (a value asked for as an output is kept whatever is fused around it)
     level = ort.GraphOptimizationLevel
     levels = {False: level.ORT_DISABLE_ALL, True: level.ORT_ENABLE_BASIC, "all": level.ORT_ENABLE_ALL}
     options.graph_optimization_level = levels[optimize]
