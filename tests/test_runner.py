@@ -207,7 +207,7 @@ g (float[N,16,12,12] X, float[16,16,3,3] W, float[16] B) => (float[N,16,12,12] Y
 
 
 def test_every_onnx_runtime_rewrite_keeps_the_observed_values() -> None:
-    """``optimize="all"`` (calibration's): ONNX Runtime fuses Conv+Relu and runs convs in NCHWc, but a
+    """``optimize=True`` (calibration's): ONNX Runtime fuses Conv+Relu and runs convs in NCHWc, but a
     value asked for as an output is still computed; its extremes are numpy's up to float sums' order."""
     import onnx
     import onnx_ir as ir
@@ -230,7 +230,7 @@ def test_every_onnx_runtime_rewrite_keeps_the_observed_values() -> None:
     d = conv(np.maximum(c, 0))
     truth = {"C": c, "R": np.maximum(c, 0), "Y": np.maximum(d, 0)}  # D is not observed: fused with its Relu
     observers = {name: MinMaxObserver() for name in truth}
-    assert collect(model, data, observers, optimize="all") == 3
+    assert collect(model, data, observers, optimize=True) == 3
     for name, values in truth.items():
         lo, hi = float(observers[name].lo), float(observers[name].hi)  # type: ignore[arg-type]
         assert np.allclose([lo, hi], [values.min(), values.max()], rtol=1e-5, atol=1e-5), name

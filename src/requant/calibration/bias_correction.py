@@ -254,7 +254,7 @@ def correct_biases(
         # every ONNX Runtime rewrite (NCHWc float convs; the fake-quantized pairs stay unfused): the sums move in
         # their last digits only, and EfficientNet-Lite0's probe ran 0.4-0.5 s faster over its 72 samples (its 5x5
         # depthwise convs); the other bench models within noise (PP-OCRv4's detector +0.1 s)
-        collect(probe, subset[sums.samples :], observers, progress, optimize="all")
+        collect(probe, subset[sums.samples :], observers, progress, optimize=True)
     sums.samples, sums.sums = len(subset), dict(zip(nodes, kept, strict=True))
     done = []
     for (kernel, _, bias_dq, _), names in zip(kernels, measures, strict=True):

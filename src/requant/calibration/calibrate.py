@@ -230,7 +230,7 @@ def calibrate(
     # every ONNX Runtime rewrite (NCHWc float convs; the observed values stay outputs, so nothing they
     # are is fused away): EfficientNet-Lite0 15.8 -> 10.5 ms a sample, its extremes differing from the
     # unoptimized model's in the last float digits only (float sums in another order)
-    count = collect(model, data, fresh, progress, optimize="all") if fresh or cache is None else cache.samples
+    count = collect(model, data, fresh, progress, optimize=True) if fresh or cache is None else cache.samples
     for node, moments in kernels.items():
         node.meta[MOMENTS_KEY] = moments
     if cache is not None:

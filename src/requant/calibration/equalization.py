@@ -209,7 +209,7 @@ def equalize_depthwise(
         samples = first_samples(model, data, SAMPLES)
         by_output = {pooled[str(c.input.name)]: fresh[key[id(c)]] for c in chains if key[id(c)] in fresh}
         # maxima: the last digits (ONNX Runtime's NCHWc convs add in another order) do not matter
-        collect(probe, samples, by_output, progress, optimize="all", stack=False)
+        collect(probe, samples, by_output, progress, optimize=True, stack=False)
         ranges.update(fresh)
     records = []
     originals: dict[str, list[tuple[ir.Value, ir.TensorProtocol]]] = {}

@@ -66,7 +66,7 @@ def terminal_progress(label: str = "calibrating", total: int | None = None) -> P
 
 
 @contextmanager
-def _session(model: ir.Model, names: list[str], optimize: bool | str = False) -> Iterator[ort.InferenceSession]:
+def _session(model: ir.Model, names: list[str], optimize: bool = False) -> Iterator[ort.InferenceSession]:
     """A session on ``model`` with ``names`` as extra outputs, its weights memory-mapped.
 
     The model goes to a temporary folder with its weights as external data, which ONNX Runtime maps
@@ -78,12 +78,10 @@ def _session(model: ir.Model, names: list[str], optimize: bool | str = False) ->
     present = {id(o) for o in graph.outputs}
     added = [by_name[n] for n in names if n in by_name and id(by_name[n]) not in present]
     options = ort.SessionOptions()
-    # ``optimize``: False, the model as it is; True, basic rewrites only (constant folding), which keep
-    # every value; "all": every rewrite (fusions, NCHWc layouts), whose values differ in the last float
-    # digits (a value asked for as an output is kept whatever is fused around it)
+    # ``optimize``: every rewrite (fusions, NCHWc layouts), whose values differ in the last float digits
+    # (a value asked for as an output is kept whatever is fused around it); else the model as it is
     level = ort.GraphOptimizationLevel
-    levels = {False: level.ORT_DISABLE_ALL, True: level.ORT_ENABLE_BASIC, "all": level.ORT_ENABLE_ALL}
-    options.graph_optimization_level = levels[optimize]
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
     if optimize:  # ONNX Runtime folds no DequantizeLinear of a constant weight without this (it keeps
         # them for its int8 fusions): MobileNetV2's bias-correction probe dequantized every weight on
         # every run, 15 of its 50 ms
@@ -128,15 +126,14 @@ def collect(
     observers: Mapping[str, Observer],
     progress: Progress | None = None,
     memory_budget: int = 1 << 30,
-    optimize: bool | str = False,
+    optimize: bool = False,
     stack: bool = True,
 ) -> int:
     """Run ``model`` on every sample of ``data``, feeding the observed tensors to ``observers``.
 
-    Returns the number of samples. ``optimize`` lets ONNX Runtime fold constants first (a model
-    whose constants are dequantized weights runs faster); the observed values are the same.
-    ``optimize="all"``: every ONNX Runtime rewrite, for statistics that may differ in the last digits
-    (a float conv in ONNX Runtime's NCHWc layout adds in another order). ``stack=False``: one sample
+    Returns the number of samples. ``optimize``: every ONNX Runtime rewrite (constants folded,
+    dequantized weights once; fusions; float convs in the NCHWc layout), for statistics that may
+    differ in the last digits (such a conv adds in another order). ``stack=False``: one sample
     per run, for a model whose observed tensors are small but its activations are not (stacked, they
     leave the caches: EfficientNet-Lite0 ran 16 samples stacked in 1.8x the time of 16 runs).
     """
