@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 import requant.api
+import requant.calibration.bias_correction
 import requant.calibration.rounding
 from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
 
@@ -172,10 +173,19 @@ def test_large_inputs_are_measured_on_fewer_samples() -> None:
     assert samples_for(100 * image, 5) == 5  # never more than there are
 
 
-def test_the_shift_and_sqnr_are_those_of_every_row_and_position() -> None:
+@pytest.mark.parametrize("sqnr_values", [None, 1])
+def test_the_shift_and_sqnr_are_those_of_every_row_and_position(
+    sqnr_values: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The probe reduces each kernel's outputs in the graph (sums per channel, sums of squares, element
     counts): on samples of different batch sizes the measured mean shift and local SQNR are those of
-    all rows and positions together, as NumPy computes them from the quantized model's integers."""
+    all rows and positions together, as NumPy computes them from the quantized model's integers. With
+    ``SQNR_VALUES`` at 1 (and no minimum of samples), this pointwise conv is measured against its float
+    version on the first sample only (its SQNR is that sample's) and its shift on the next two comes
+    from its inputs' sums."""
+    if sqnr_values is not None:
+        monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", sqnr_values)
+        monkeypatch.setattr(requant.calibration.bias_correction, "MIN_SAMPLES", 1)
     rng = np.random.default_rng(1)
     proto = onnx.parser.parse_model(
         '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4,5,5] x) => (float[N,8,5,5] y) { y = Conv(x, w, b) }'
@@ -213,12 +223,58 @@ def test_the_shift_and_sqnr_are_those_of_every_row_and_position() -> None:
         floats.append(reference)
     diff = np.concatenate(diffs)
     shift = np.abs(diff.mean(axis=(0, 2, 3)))
-    sqnr = 10 * np.log10(np.sum(np.concatenate(floats) ** 2) / np.sum(diff**2))
-    assert kernel["samples"] == 3 and kernel["channels"] == 8
+    first = 3 if sqnr_values is None else 1  # the samples the SQNR is measured on
+    sqnr = 10 * np.log10(np.sum(np.concatenate(floats[:first]) ** 2) / np.sum(np.concatenate(diffs[:first]) ** 2))
+    assert kernel["samples"] == 3 and kernel["channels"] == 8 and kernel["sqnr_samples"] == first
     assert np.isclose(kernel["mean_shift"], shift.mean(), rtol=1e-3) and np.isclose(
         kernel["max_shift"], shift.max(), rtol=1e-3
     )
     assert np.isclose(kernel["sqnr_db"], sqnr, atol=0.01)
+
+
+def test_a_grouped_pointwise_convs_shift_from_its_inputs_sums_is_the_one_measured_against_float(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pointwise conv's mean shift is ``W_q sum(x_q) - W sum(x)`` plus the biases' difference per
+    position, taken group by group: from its inputs' sums after the first sample, the corrected biases
+    are those of measuring it against its float version on every sample, up to float rounding (one
+    step of the int32 bias), while the 3x3 conv beside it is measured in full either way."""
+    rng = np.random.default_rng(3)
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4,6,6] x) => (float[N,8,6,6] y, float[N,3,6,6] z) '
+        "{ y = Conv <group: int = 2> (x, w, b)  z = Conv <pads: ints = [1, 1, 1, 1]> (x, v, c) }"
+    )
+    arrays = {
+        "w": rng.standard_normal((8, 2, 1, 1)),
+        "b": rng.standard_normal(8),
+        "v": rng.standard_normal((3, 4, 3, 3)),
+        "c": rng.standard_normal(3),
+    }
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items())
+    # inputs off-centre: every kernel's mean shift is well above float rounding
+    data = [{"x": rng.uniform(0.5, 3, (rows, 4, 6, 6)).astype(np.float32)} for rows in (2, 1, 3, 2)]
+    quantizer = Quantizer().set_global(PRESETS[DEFAULT_PRESET])
+
+    monkeypatch.setattr(requant.calibration.bias_correction, "MIN_SAMPLES", 1)
+
+    def measured(values: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", values)
+        result = requant.api.quantize(proto, data, quantizer=quantizer, method="minmax", measure=False)
+        inits = ir.to_proto(result.model).graph.initializer
+        biases = {t.name: onnx.numpy_helper.to_array(t) for t in inits if t.name in ("b_quantized", "c_quantized")}
+        return biases, {k["node"]: k for k in result.report["bias_correction"]["kernels"]}
+
+    full, full_kernels = measured(1 << 40)
+    sums, sum_kernels = measured(1)
+    assert full.keys() == sums.keys() and len(full) == 2
+    for name in full:
+        assert np.abs(full[name].astype(np.int64) - sums[name]).max() <= 1, name
+    assert {k["sqnr_samples"] for k in full_kernels.values()} == {4}
+    assert sorted(k["sqnr_samples"] for k in sum_kernels.values()) == [1, 4]  # the pointwise one: the first only
+    for node, kernel in full_kernels.items():
+        assert kernel["mean_shift"] > 1e-3
+        assert np.isclose(sum_kernels[node]["mean_shift"], kernel["mean_shift"], rtol=1e-4)
+        assert np.isclose(sum_kernels[node]["max_shift"], kernel["max_shift"], rtol=1e-4)
 
 
 def test_a_pass_started_from_an_earlier_ones_sums_runs_only_the_samples_after() -> None:

@@ -791,7 +791,8 @@ def quantize(
     quantization caused, measured on the first 64 calibration samples (fewer for inputs larger than a
     224x224 image; on by default).
     ``keep_float_below`` (dB): each int8 convolution and Gemm is measured against its float version
-    on those samples (its local SQNR, in the report); when some are below this, the model is
+    on those samples (its local SQNR, in the report; a pointwise convolution's on the first 16
+    224x224 images' worth of them); when some are below this, the model is
     quantized again with those kernels kept float (a second pass: slower, more accurate).
     ``max_drop``: an accuracy budget on ``eval_data`` (``metric``: ``accuracy`` with labels, ``top1``
     agreement or ``cosine``; by default accuracy when the data has labels, else top-1): if the int8

@@ -11,7 +11,10 @@ float weights and bias), and
 
 per output channel, written back into the int32 bias. Each kernel's own error is measured on the
 inputs the quantized network gives it, so all kernels are corrected in one pass without counting
-an earlier kernel's shift again.
+an earlier kernel's shift again. A pointwise convolution is linear in its input and each output
+position reads its own: after the first samples (its local SQNR's, ``SQNR_VALUES``) the sum of its
+output's difference is ``W_q sum(x_q) - W sum(x)`` plus the biases' difference per position, from
+its two inputs' sums per channel, and its float version is not run.
 
 A kernel is corrected when ONNX Runtime runs it as an int8 kernel with an int32 bias: a ``Conv``
 or ``Gemm`` whose input is ``DequantizeLinear(QuantizeLinear(x))`` and whose weight and bias are
@@ -29,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.data import first_samples
+from requant.calibration.data import MIN_SAMPLES, first_samples
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import dequantized_constant, fresh_name, graph_values
@@ -39,6 +42,15 @@ __all__ = ["KERNELS", "BiasCorrection", "BiasSums", "correct_biases", "float_par
 
 KERNELS = ("Conv", "Gemm")  # output channels on axis 1 of the output, an int32 bias on input 2
 DEFAULT_SAMPLES = 64  # means settle quickly: MobileNetV2 with 32, 64 and 200 samples gave the same KL
+# a pointwise convolution (most of a conv net's kernels, and its costliest) is measured against its float
+# version computed in full beside it, for its local SQNR, on the first samples holding this many input
+# values (16 3x224x224 images; every sample of smaller ones), and at least MIN_SAMPLES (PP-OCRv4's
+# detector: its worst kernel's SQNR on 2 of its 736x992 pages was 12.4 dB, on 8 10.5); after them its
+# mean shift comes from the
+# sums of its two inputs alone (it is linear: no float kernel to run). Other kernels are measured in
+# full on every sample. EfficientNet-Lite0's probe: 22 -> 14 ms a sample after the first 16 (float 9 ms);
+# its kernels' SQNR on 8, 16 and 32 samples: at most 1.11, 0.68 and 0.28 dB from that on 64
+SQNR_VALUES = 16 * 3 * 224 * 224
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,8 @@ class BiasCorrection:
     max_shift: float
     sqnr_db: float
     corrected: bool = True
-    samples: int = 0  # the calibration samples it was measured on
+    samples: int = 0  # the calibration samples its mean shift was measured on
+    sqnr_samples: int = 0  # the first of them its SQNR was measured on
 
 
 @dataclass
@@ -75,25 +88,23 @@ class _Sum(Observer):
 
 @dataclass
 class BiasSums:
-    """What a bias-correction pass has summed: per kernel (by node name), its four running sums, over
+    """What a bias-correction pass has summed: per kernel (by node name), its running sums by what they are, over
     the first ``samples`` samples of its data. A later pass on the same QDQ model (before correction)
     and the same data starts from them and runs only the samples after: ``method="auto"`` corrects the
     chosen candidate on all samples after measuring it on the first few, and its float64 sums are
     added in the same order either way, so the biases are those of a pass from the start."""
 
     samples: int = 0
-    sums: dict[str, tuple[_Sum, _Sum, _Sum, _Sum]] = field(default_factory=dict)
+    sums: dict[str, dict[str, _Sum]] = field(default_factory=dict)
 
 
-class _Measures(NamedTuple):
-    """The probe's outputs for one kernel, per sample: the sums over rows and positions of (quantized
-    - float) per output channel ``[C]``, of its squares, of the float output's squares, and its
-    number of elements."""
-
-    shift: str
-    noise: str
-    signal: str
-    elements: str
+# The probe's outputs for one kernel, by what they are, each summed over the samples (a ``_Sum``):
+# with its float version beside it: "shift", the sums over rows and positions of (quantized - float) per
+# output channel [C]; "elements", the output's number of elements; "noise" and "signal", the sums of
+# the difference's squares and of the float output's. Without it (a pointwise convolution after the
+# first samples): "float_sums" and "sums", the sums of its float and its quantized input over rows and
+# positions per input channel [C], and "input_elements", the input's number of elements
+_Measures = dict[str, str]
 
 
 class _Kernel(NamedTuple):
@@ -159,12 +170,34 @@ def _float_source(value: ir.Value, added: list[ir.Node]) -> ir.Value:
     return copy.outputs[value.index() or 0]  # the same output of the copy (a Split has several)
 
 
+def _pointwise(node: ir.Node) -> bool:
+    """Whether ``node`` is a 1x1 convolution with stride 1 and no padding (each output position reads
+    its own input position), its weight dequantized per tensor or per output channel."""
+    dq = dequantized_constant(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
+    if dq is None or dq.inputs[0] is None or len(dq.inputs) < 2 or dq.inputs[1] is None:
+        return False
+    shape = tuple(dq.inputs[0].const_value.shape.numpy())  # type: ignore[union-attr]  # a constant
+    scale = dq.inputs[1].const_value
+    per_tensor = scale is not None and scale.shape.rank() == 0
+    return (
+        len(shape) == 4
+        and shape[2:] == (1, 1)
+        and dq.attributes.get("block_size") is None
+        and (per_tensor or dq.attributes.get_int("axis", 1) in (0, -4))
+        and node.attributes.get_string("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+        and all(s == 1 for s in node.attributes.get_ints("strides", [1, 1]) or [1, 1])
+        and not any(node.attributes.get_ints("pads", [0, 0, 0, 0]) or [0])
+    )
+
+
 def _probe(
-    model: ir.Model, kernels: list[_Kernel], floats: Mapping[str, ir.TensorProtocol]
+    model: ir.Model, kernels: list[_Kernel], floats: Mapping[str, ir.TensorProtocol], full: bool = True
 ) -> tuple[ir.Model, list[_Measures]]:
-    """A copy of ``model`` computing, per kernel, its float version on the same input and what bias
-    correction reads of the two: reduced in the graph to a few numbers per sample (fetching every
-    kernel's whole outputs, and reducing them in NumPy, took most of the time)."""
+    """A copy of ``model`` computing what bias correction reads of each kernel, reduced in the graph to
+    a few numbers per sample (fetching every kernel's whole outputs, and reducing them in NumPy, took
+    most of the time): its float version on the same input beside it, for the shift and the SQNR;
+    but, unless ``full``, for a pointwise convolution only the sums of its two inputs per channel (see
+    ``_Measures``), from which the shift follows without running the float kernel."""
     probe = model.clone()  # its tensors shared: the probe renames none of them, only adds its own
     opset = probe.opset_imports.get("", 13)
     position = {id(n): i for i, n in enumerate(model.graph)}
@@ -179,11 +212,13 @@ def _probe(
 
     flat_shape = constant("channels_flat", np.array([0, 0, -1], np.int64))
     axes = constant("rows_and_positions", np.array([0, 2], np.int64))
+    positions = constant("rows_and_pixels", np.array([0, 2, 3], np.int64))
 
-    def channel_sums(x: ir.Value) -> ir.Node:  # ReduceSum's axes are an input from opset 13
+    def summed(x: ir.Value, over: ir.Value) -> ir.Node:  # ReduceSum's axes are an input from opset 13
         if opset >= 13:
-            return ir.node("ReduceSum", [x, axes], {"keepdims": 0})
-        return ir.node("ReduceSum", [x], {"axes": [0, 2], "keepdims": 0})
+            return ir.node("ReduceSum", [x, over], {"keepdims": 0})
+        listed = [int(a) for a in over.const_value.numpy()]  # type: ignore[union-attr]  # a constant
+        return ir.node("ReduceSum", [x], {"axes": listed, "keepdims": 0})
 
     measures = []
     for kernel, x_float, _, pad in kernels:
@@ -195,31 +230,78 @@ def _probe(
             padded = ir.node("Pad", [x, values[str(pad.inputs[1].name)]])  # type: ignore[union-attr]
             probe.graph.append(padded)
             x = padded.outputs[0]
-        params = []
-        for value in kernel.inputs[1:3]:
-            assert value is not None and value.name is not None
-            # a tensor of its own: naming a value renames its tensor, and this one may be the caller's
-            params.append(constant(f"{value.name}_float", floats[value.name].numpy()))
-        attributes = {a.name: a.value for a in original.attributes.values()}
-        reference = ir.node(kernel.op_type, [x, *params], attributes)
-        diff = ir.node("Sub", [original.outputs[0], reference.outputs[0]])
-        flat = ir.node("Reshape", [diff.outputs[0], flat_shape])  # [N, C, positions]
-        size = ir.node("Size", [diff.outputs[0]])
-        # over every axis (ONNX Runtime reduces all axes 7x faster than two of them)
-        outputs = [
-            channel_sums(flat.outputs[0]),
-            ir.node("ReduceSumSquare", [diff.outputs[0]], {"keepdims": 0}),
-            ir.node("ReduceSumSquare", [reference.outputs[0]], {"keepdims": 0}),
-            ir.node("Cast", [size.outputs[0]], {"to": ir.DataType.FLOAT}),
-        ]
+        outputs: dict[str, ir.Node] = {}
+        added: list[ir.Node] = []
+        if not full and _pointwise(kernel) and original.inputs[0] is not None:  # W sum(x): the inputs' sums
+            outputs["float_sums"] = summed(x, positions)
+            outputs["sums"] = summed(original.inputs[0], positions)
+            size = ir.node("Size", [original.inputs[0]])
+            added.append(size)
+            outputs["input_elements"] = ir.node("Cast", [size.outputs[0]], {"to": ir.DataType.FLOAT})
+        else:
+            params = []
+            for value in kernel.inputs[1:3]:
+                assert value is not None and value.name is not None
+                # a tensor of its own: naming a value renames its tensor, and this one may be the caller's
+                params.append(constant(f"{value.name}_float", floats[value.name].numpy()))
+            attributes = {a.name: a.value for a in original.attributes.values()}
+            reference = ir.node(kernel.op_type, [x, *params], attributes)
+            diff = ir.node("Sub", [original.outputs[0], reference.outputs[0]])
+            flat = ir.node("Reshape", [diff.outputs[0], flat_shape])  # [N, C, positions]
+            size = ir.node("Size", [diff.outputs[0]])
+            added += [reference, diff, flat, size]
+            outputs["shift"] = summed(flat.outputs[0], axes)
+            outputs["elements"] = ir.node("Cast", [size.outputs[0]], {"to": ir.DataType.FLOAT})
+            # over every axis (ONNX Runtime reduces all axes 7x faster than two of them)
+            outputs["noise"] = ir.node("ReduceSumSquare", [diff.outputs[0]], {"keepdims": 0})
+            outputs["signal"] = ir.node("ReduceSumSquare", [reference.outputs[0]], {"keepdims": 0})
         base = kernel.name or kernel.op_type
-        names = []
-        for node, what in zip(outputs, ("bias_shift", "noise", "signal", "elements"), strict=True):
+        names = {}
+        for what, node in outputs.items():
             node.outputs[0].name = fresh_name(f"{base}_{what}", taken)
-            names.append(str(node.outputs[0].name))
-        probe.graph.extend([reference, diff, flat, size, *outputs])
-        measures.append(_Measures(*names))
+            names[what] = str(node.outputs[0].name)
+        probe.graph.extend([*added, *outputs.values()])
+        measures.append(names)
     return probe, measures
+
+
+def _dequantized(dq: ir.Node) -> npt.NDArray[np.float64]:
+    """What a ``DequantizeLinear`` of constants computes (in float32, as ONNX Runtime does)."""
+    stored, scale = (v.const_value.numpy() for v in dq.inputs[:2])  # type: ignore[union-attr]  # constants
+    zero = dq.inputs[2].const_value.numpy() if len(dq.inputs) > 2 and dq.inputs[2] is not None else 0  # type: ignore[union-attr]
+    shape = [1] * stored.ndim
+    if np.ndim(scale):
+        shape[dq.attributes.get_int("axis", 1) % stored.ndim] = -1
+    difference = stored.astype(np.float32) - np.reshape(zero, shape).astype(np.float32)
+    return (difference * np.reshape(scale, shape).astype(np.float32)).astype(np.float64)
+
+
+def _shift_from_sums(
+    kernel: _Kernel, floats: Mapping[str, ir.TensorProtocol], sums: Mapping[str, _Sum]
+) -> tuple[npt.NDArray[np.float64], float]:
+    """A pointwise convolution's sum over rows and positions of (quantized - float) output per channel,
+    and its output's elements, from the sums of its inputs per channel: ``W_q s_q - W s_f``, plus the
+    biases' difference once per row and position."""
+    node = kernel.node
+    w_value, b_value = node.inputs[1], node.inputs[2]
+    assert w_value is not None and b_value is not None and w_value.name and b_value.name
+    w_dq = dequantized_constant(w_value)
+    assert w_dq is not None  # _candidates checked it
+    w_q, b_q = _dequantized(w_dq), _dequantized(kernel.bias_dq)
+    w_f = floats[w_value.name].numpy().astype(np.float64)
+    b_f = floats[b_value.name].numpy().astype(np.float64)
+    s_q, s_f, size = (sums[what].total for what in ("sums", "float_sums", "input_elements"))
+    assert s_q is not None and s_f is not None and size is not None
+    groups = node.attributes.get_int("group", 1)
+    out_channels, reads = w_q.shape[0], w_q.shape[1]  # a group's input channels
+
+    def applied(w: npt.NDArray[np.float64], s: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+        by_group = w.reshape(groups, out_channels // groups, reads)
+        return (by_group @ s.astype(np.float64).reshape(groups, reads, 1)).reshape(-1)
+
+    positions = float(size) / len(s_q)  # rows times pixels, each read once
+    total = applied(w_q, s_q) - applied(w_f, s_f) + positions * (b_q - b_f)
+    return total, positions * out_channels
 
 
 def correct_biases(
@@ -233,7 +315,9 @@ def correct_biases(
 ) -> list[BiasCorrection]:
     """Measure the int8 kernels of ``model`` (QDQ) on the first ``samples`` samples of ``data`` (fewer
     for large inputs: :func:`~requant.calibration.data.samples_for`) and, with ``apply``, correct their
-    int32 biases (in place).
+    int32 biases (in place). A pointwise convolution's local SQNR is measured on the first of them that
+    hold ``SQNR_VALUES`` input values, at least ``MIN_SAMPLES`` (all of them for small inputs; 16 of
+    3x224x224), other kernels' on all (``BiasCorrection.sqnr_samples``).
 
     ``sums``: what an earlier pass on this model (uncorrected) and data summed, to start from (its
     samples are not run again); it is left holding this pass's sums."""
@@ -245,33 +329,45 @@ def correct_biases(
     nodes = [str(k.node.name) for k in kernels]
     if sums.samples > len(subset) or (sums.samples and set(sums.sums) != set(nodes)):
         sums.samples, sums.sums = 0, {}  # not a start of this pass: from the beginning
-    probe, measures = _probe(model, kernels, floats)
-    kept = [sums.sums.get(node) or (_Sum(), _Sum(), _Sum(), _Sum()) for node in nodes]
-    observers = {
-        name: observer for m, four in zip(measures, kept, strict=True) for name, observer in zip(m, four, strict=True)
-    }
-    if sums.samples < len(subset):
-        # every ONNX Runtime rewrite (NCHWc float convs; the fake-quantized pairs stay unfused): the sums move in
-        # their last digits only, and EfficientNet-Lite0's probe ran 0.4-0.5 s faster over its 72 samples (its 5x5
-        # depthwise convs); the other bench models within noise (PP-OCRv4's detector +0.1 s)
-        collect(probe, subset[sums.samples :], observers, progress, optimize=True)
-    sums.samples, sums.sums = len(subset), dict(zip(nodes, kept, strict=True))
+    kept = [sums.sums.setdefault(node, {}) for node in nodes]
+    # every ONNX Runtime rewrite (NCHWc float convs; the fake-quantized pairs stay unfused): the sums move in
+    # their last digits only, and EfficientNet-Lite0's probe ran 0.4-0.5 s faster over its 72 samples (its 5x5
+    # depthwise convs); the other bench models within noise (PP-OCRv4's detector +0.1 s)
+    values = sum(int(np.size(a)) for a in subset[0].values())
+    first = min(len(subset), max(MIN_SAMPLES, math.ceil(SQNR_VALUES / max(values, 1))))
+    for full, end in ((True, first), (False, len(subset))):
+        if sums.samples >= end:
+            continue
+        probe, measures = _probe(model, kernels, floats, full)
+        observers = {}
+        for names, measured in zip(measures, kept, strict=True):
+            for what, name in names.items():
+                observers[name] = measured.setdefault(what, _Sum())
+            if "noise" in names:  # how many samples its SQNR is over (a count, summed like the rest)
+                measured.setdefault("sqnr_samples", _Sum()).update(np.array(end - sums.samples))
+        collect(probe, subset[sums.samples : end], observers, progress, optimize=True)
+        sums.samples = end
     done = []
-    for (kernel, _, bias_dq, _), names in zip(kernels, measures, strict=True):
-        total, noise, signal, elements = (observers[name].total for name in names)
+    for kernel, measured in zip(kernels, kept, strict=True):
+        total, elements, noise, signal = (
+            measured[what].total if what in measured else None for what in ("shift", "elements", "noise", "signal")
+        )
         if total is None or noise is None or signal is None or elements is None or not elements:
             continue
+        if "sums" in measured:  # the samples after the first ones, from the inputs' sums
+            more, count = _shift_from_sums(kernel, floats, measured)
+            total, elements = total + more, elements + count
         shift = total / (elements / len(total))  # elements / channels: the positions summed
         if not np.isfinite(shift).all() or not math.isfinite(signal):
             raise CalibrationError(
-                f"kernel '{kernel.name}': the float model's output there is not finite (or overflows float32 "
+                f"kernel '{kernel.node.name}': the float model's output there is not finite (or overflows float32 "
                 "when squared) on the calibration samples; its bias cannot be measured: check the data's scale"
             )
         sqnr = 10 * np.log10(signal / noise) if noise > 0 and signal > 0 else float("inf")
         if apply:
-            quantized = bias_dq.inputs[0]
+            quantized = kernel.bias_dq.inputs[0]
             assert quantized is not None and quantized.const_value is not None
-            scale = bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
+            scale = kernel.bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
             old = quantized.const_value.numpy().astype(np.float64)
             info = np.iinfo(np.int32)
             new = np.clip(np.round(old - shift / scale), info.min, info.max).astype(np.int32)
@@ -279,13 +375,14 @@ def correct_biases(
         magnitude = np.abs(shift)
         done.append(
             BiasCorrection(
-                str(kernel.name),
+                str(kernel.node.name),
                 len(shift),
                 float(magnitude.mean()),
                 float(magnitude.max()),
                 float(sqnr),
                 apply,
                 len(subset),
+                int(measured["sqnr_samples"].total),  # type: ignore[arg-type]  # with "noise", always
             )
         )
     return done

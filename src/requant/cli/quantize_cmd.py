@@ -96,7 +96,8 @@ def register(commands: Any) -> None:
         metavar="DB",
         type=float,
         help="keep float the int8 convolutions and Gemms whose output SQNR against float is below DB "
-        "(measured on 64 calibration samples; the model is quantized a second time)",
+        "(measured on the first 64 calibration samples, pointwise convolutions on the first 16; the model "
+        "is quantized a second time)",
     )
     sub.add_argument(
         "--max-drop",

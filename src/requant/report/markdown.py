@@ -216,16 +216,26 @@ def _bias_correction(report: Mapping[str, Any]) -> list[str]:
         return []
     lines = ["## Kernels against float", ""]
     rows = [
-        (f"`{k['node']}`", str(k["channels"]), f"{k['sqnr_db']:.1f}", f"{k['mean_shift']:.3g}", f"{k['max_shift']:.3g}")
+        (
+            f"`{k['node']}`",
+            str(k["channels"]),
+            f"{k['sqnr_db']:.1f}",
+            f"{k['mean_shift']:.3g}",
+            f"{k['max_shift']:.3g}",
+            f"{k.get('sqnr_samples', k.get('samples', 0))} / {k.get('samples', 0)}",
+        )
         for k in section.get("kernels", [])
     ]
     corrected = "given back to its bias" if section.get("enabled") else "not corrected (bias correction off)"
     lines += [
         "Each int8 kernel against its float version on the same inputs: its output SQNR (dB) and the "
-        f"mean output shift its quantization caused (float units), {corrected}.",
+        f"mean output shift its quantization caused (float units), {corrected}; and the calibration samples "
+        "each was measured on (a pointwise convolution's SQNR on the first ones only: after them its shift "
+        "comes from the sums of its inputs).",
         "",
     ]
-    lines += _table(("kernel", "channels", "SQNR dB", "mean shift", "largest shift"), rows) if rows else ["None.", ""]
+    header = ("kernel", "channels", "SQNR dB", "mean shift", "largest shift", "samples: SQNR / shift")
+    lines += _table(header, rows) if rows else ["None.", ""]
     kept = report.get("kept_float_below", {})
     if kept.get("kernels"):
         lines += [f"Kept float (SQNR below {kept['threshold_db']:g} dB, quantized a second time without them):", ""]
