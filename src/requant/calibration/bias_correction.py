@@ -46,10 +46,10 @@ DEFAULT_SAMPLES = 64  # means settle quickly: MobileNetV2 with 32, 64 and 200 sa
 # version computed in full beside it, for its local SQNR, on the first samples holding this many input
 # values (16 3x224x224 images; every sample of smaller ones), and at least MIN_SAMPLES (PP-OCRv4's
 # detector: its worst kernel's SQNR on 2 of its 736x992 pages was 12.4 dB, on 8 10.5); after them its
-# mean shift comes from the
-# sums of its two inputs alone (it is linear: no float kernel to run). Other kernels are measured in
-# full on every sample. EfficientNet-Lite0's probe: 22 -> 14 ms a sample after the first 16 (float 9 ms);
-# its kernels' SQNR on 8, 16 and 32 samples: at most 1.11, 0.68 and 0.28 dB from that on 64
+# mean shift comes from the sums of its two inputs alone (it is linear: no float kernel to run). Other
+# kernels are measured in full on every sample. EfficientNet-Lite0's probe: 22 -> 14 ms a sample after
+# the first 16 (float 9 ms); its kernels' SQNR on 8, 16 and 32 samples: at most 1.11, 0.68 and 0.28 dB
+# from that on 64
 SQNR_VALUES = 16 * 3 * 224 * 224
 
 
@@ -88,11 +88,12 @@ class _Sum(Observer):
 
 @dataclass
 class BiasSums:
-    """What a bias-correction pass has summed: per kernel (by node name), its running sums by what they are, over
-    the first ``samples`` samples of its data. A later pass on the same QDQ model (before correction)
-    and the same data starts from them and runs only the samples after: ``method="auto"`` corrects the
-    chosen candidate on all samples after measuring it on the first few, and its float64 sums are
-    added in the same order either way, so the biases are those of a pass from the start."""
+    """What a bias-correction pass has summed: per kernel (by node name), its running sums by what they
+    are (``_Measures``), over the first ``samples`` samples of its data. A later pass on the same QDQ
+    model (before correction) and the same data starts from them and runs only the samples after:
+    ``method="auto"`` corrects the chosen candidate on all samples after measuring it on the first
+    few, and its float64 sums are added in the same order either way, so the biases are those of a
+    pass from the start."""
 
     samples: int = 0
     sums: dict[str, dict[str, _Sum]] = field(default_factory=dict)
