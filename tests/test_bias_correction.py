@@ -15,6 +15,7 @@ import pytest
 
 import requant.api
 import requant.calibration.bias_correction
+import requant.calibration.data
 import requant.calibration.rounding
 from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
 
@@ -185,7 +186,7 @@ def test_the_shift_and_sqnr_are_those_of_every_row_and_position(
     from its inputs' sums."""
     if sqnr_values is not None:
         monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", sqnr_values)
-        monkeypatch.setattr(requant.calibration.bias_correction, "MIN_SAMPLES", 1)
+        monkeypatch.setattr(requant.calibration.data, "MIN_SAMPLES", 1)
     rng = np.random.default_rng(1)
     proto = onnx.parser.parse_model(
         '<ir_version: 10, opset_import: ["" : 21]> g (float[N,4,5,5] x) => (float[N,8,5,5] y) { y = Conv(x, w, b) }'
@@ -255,7 +256,7 @@ def test_a_grouped_pointwise_convs_shift_from_its_inputs_sums_is_the_one_measure
     data = [{"x": rng.uniform(0.5, 3, (rows, 4, 6, 6)).astype(np.float32)} for rows in (2, 1, 3, 2)]
     quantizer = Quantizer().set_global(PRESETS[DEFAULT_PRESET])
 
-    monkeypatch.setattr(requant.calibration.bias_correction, "MIN_SAMPLES", 1)
+    monkeypatch.setattr(requant.calibration.data, "MIN_SAMPLES", 1)
 
     def measured(values: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", values)

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.data import MIN_SAMPLES, first_samples
+from requant.calibration.data import first_samples, samples_for
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
 from requant.ir.queries import dequantized_constant, fresh_name, graph_values
@@ -44,7 +44,7 @@ KERNELS = ("Conv", "Gemm")  # output channels on axis 1 of the output, an int32 
 DEFAULT_SAMPLES = 64  # means settle quickly: MobileNetV2 with 32, 64 and 200 samples gave the same KL
 # a pointwise convolution (most of a conv net's kernels, and its costliest) is measured against its float
 # version computed in full beside it, for its local SQNR, on the first samples holding this many input
-# values (16 3x224x224 images; every sample of smaller ones), and at least MIN_SAMPLES (PP-OCRv4's
+# values (16 3x224x224 images; every sample of smaller ones), and at least 8 (``samples_for``; PP-OCRv4's
 # detector: its worst kernel's SQNR on 2 of its 736x992 pages was 12.4 dB, on 8 10.5); after them its
 # mean shift comes from the sums of its two inputs alone (it is linear: no float kernel to run). Other
 # kernels are measured in full on every sample. EfficientNet-Lite0's probe: 22 -> 14 ms a sample after
@@ -317,7 +317,7 @@ def correct_biases(
     """Measure the int8 kernels of ``model`` (QDQ) on the first ``samples`` samples of ``data`` (fewer
     for large inputs: :func:`~requant.calibration.data.samples_for`) and, with ``apply``, correct their
     int32 biases (in place). A pointwise convolution's local SQNR is measured on the first of them that
-    hold ``SQNR_VALUES`` input values, at least ``MIN_SAMPLES`` (all of them for small inputs; 16 of
+    hold ``SQNR_VALUES`` input values, at least 8 (all of them for small inputs; 16 of
     3x224x224), other kernels' on all (``BiasCorrection.sqnr_samples``).
 
     ``sums``: what an earlier pass on this model (uncorrected) and data summed, to start from (its
@@ -334,8 +334,7 @@ def correct_biases(
     # every ONNX Runtime rewrite (NCHWc float convs; the fake-quantized pairs stay unfused): the sums move in
     # their last digits only, and EfficientNet-Lite0's probe ran 0.4-0.5 s faster over its 72 samples (its 5x5
     # depthwise convs); the other bench models within noise (PP-OCRv4's detector +0.1 s)
-    values = sum(int(np.size(a)) for a in subset[0].values())
-    first = min(len(subset), max(MIN_SAMPLES, math.ceil(SQNR_VALUES / max(values, 1))))
+    first = samples_for(sum(int(np.size(a)) for a in subset[0].values()), len(subset), SQNR_VALUES)
     for full, end in ((True, first), (False, len(subset))):
         if sums.samples >= end:
             continue

@@ -64,10 +64,11 @@ MIN_SAMPLES = 8
 Sample = dict[str, npt.NDArray[Any]]
 
 
-def samples_for(values_per_sample: int, requested: int) -> int:
+def samples_for(values_per_sample: int, requested: int, values: int = VALUES) -> int:
     """How many samples a pass measuring means or maxima runs on: ``requested``, or fewer when each
-    sample holds more than a 3x224x224 image's values (never fewer than ``MIN_SAMPLES``)."""
-    wanted = max(MIN_SAMPLES, math.ceil(VALUES / max(values_per_sample, 1)))
+    sample holds more than a 3x224x224 image's values (never fewer than ``MIN_SAMPLES``); ``values``:
+    the input values the pass needs (``VALUES``, 64 such images')."""
+    wanted = max(MIN_SAMPLES, math.ceil(values / max(values_per_sample, 1)))
     return max(1, min(requested, wanted))
 
 
