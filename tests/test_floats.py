@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import math
 import struct
 from fractions import Fraction
 
@@ -114,6 +115,25 @@ def test_reading_a_double_back_needs_no_fractions(value: float) -> None:
     num, den = abs(value).as_integer_ratio()
     text = _to_string(value < 0, num, -(den.bit_length() - 1), 53, 6, 0, False)
     assert (float(text) == value) == _same(round_to_format(Fraction(text), F64), value)
+
+
+@given(
+    st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False, width=64),
+        st.builds(lambda m, e: float(f"{m}e{e}"), st.integers(-999_999, 999_999), st.integers(-310, 300)),
+    )
+)
+def test_a_double_whose_six_digits_python_cannot_read_back_has_no_six_digit_form(value: float) -> None:
+    """format_float skips APFloat's 6-digit form of a double when Python's correctly rounded 6 digits
+    do not read back: then APFloat's do not either."""
+    from requant.types.floats import _to_string
+
+    if value == 0 or not math.isfinite(value):
+        return
+    num, den = abs(value).as_integer_ratio()
+    text = _to_string(value < 0, num, -(den.bit_length() - 1), 53, 6, 0, False)
+    if float(text) == value:
+        assert float(f"{value:.5e}") == value
 
 
 @pytest.mark.parametrize("name", ["f32", "f16"])

@@ -285,9 +285,13 @@ def format_float(value: float, fmt: FloatFormat = F64, in_range: tuple[float, fl
         def readable(text: str) -> bool:
             return in_range is None or in_range[0] <= float(text) <= in_range[1]
 
-        text = _to_string(negative, num, exp, fmt.precision, 6, 0, False)
-        if _reads_back(text, value, fmt) and readable(text):
-            return text
+        # a double no 6-digit text reads back to skips that form (a per-channel type's float32 scales
+        # all do): if APFloat's rounding (half up) of its exact digits read back, Python's correctly
+        # rounded one would too, as they differ only on an exact tie, whose 7 digits no 6 give
+        if fmt.name != "f64" or float(f"{value:.5e}") == value:
+            text = _to_string(negative, num, exp, fmt.precision, 6, 0, False)
+            if _reads_back(text, value, fmt) and readable(text):
+                return text
         text = _to_string(negative, num, exp, fmt.precision, 0, 3, True)
         if "." in text and readable(text):
             return text
