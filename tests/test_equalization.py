@@ -19,6 +19,8 @@ import pytest
 
 import requant
 from requant.calibration.equalization import HEADROOM, MAX_SCALE, SAMPLES, depthwise_pairs, equalize_depthwise
+from requant.calibration.observers import MinMaxObserver
+from requant.calibration.runner import Kept
 from requant.frontends import load_onnx_text
 from requant.passes import get_passes, run_passes
 from requant.quantizers import INT8_PER_TENSOR, Quantizer
@@ -150,6 +152,47 @@ def test_the_int8_model_is_closer_to_float_and_the_report_says_what_was_done() -
     first = requant.quantize(proto, data, measure=False)
     assert ir.serde.serialize_model(again.model).SerializeToString() == (
         ir.serde.serialize_model(first.model).SerializeToString()
+    )
+
+
+def test_the_probe_keeps_a_prefix_of_the_float_outputs() -> None:
+    model, data = _model(_text()), _data()
+    before = _outputs(model, data[:SAMPLES])
+    kept = Kept(limit=5 * before[0].nbytes + 1)  # five outputs fit, the sixth does not
+    equalize_depthwise(model, data, outputs=kept)
+    assert len(kept.arrays) == 5 and kept.full
+    np.testing.assert_allclose(np.concatenate(kept.arrays), before[:5], rtol=1e-6, atol=1e-6 * np.abs(before).max())
+    again = Kept(limit=1 << 20)  # measured already: the ranges are reused and nothing is run or kept
+    equalize_depthwise(_model(_text()), data, ranges={"h@channels": MinMaxObserver(axis=1)}, outputs=again)
+    assert again.arrays == []
+
+
+def test_auto_compares_its_candidates_with_the_outputs_equalization_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """method="auto" runs the float model on its held-out samples only when no probe kept its outputs:
+    the same choice and the same bytes either way."""
+    import requant.api
+    import requant.calibration.calibrate
+
+    proto, data = ir.serde.serialize_model(_model(_text())), _data()
+    made = []
+    real = requant.api.session
+
+    def counted(model: onnx.ModelProto) -> object:
+        made.append(not any(n.op_type == "QuantizeLinear" for n in model.graph.node))  # the float model's
+        return real(model)
+
+    monkeypatch.setattr(requant.api, "session", counted)
+    kept = requant.quantize(proto, data, measure=False)
+    floats_kept, made[:] = sum(made), []
+    monkeypatch.setattr(requant.calibration.calibrate, "KEPT_OUTPUT_BYTES", 0)
+    run = requant.quantize(proto, data, measure=False)
+    assert (floats_kept, sum(made)) == (0, 1)
+    chosen, measured = (q.report["method_choice"] for q in (kept, run))
+    assert chosen["samples"] == measured["samples"] == 32 and chosen["chosen"] == measured["chosen"]
+    for method, sqnr in measured["output_sqnr_db"].items():  # float outputs within their last digits
+        assert chosen["output_sqnr_db"][method] == pytest.approx(sqnr, abs=1e-3)
+    assert ir.serde.serialize_model(kept.model).SerializeToString() == (
+        ir.serde.serialize_model(run.model).SerializeToString()
     )
 
 

@@ -48,7 +48,7 @@ from requant.calibration.data import (
 from requant.calibration.equalization import MAX_SCALE, Equalization, equalize_depthwise, unless_per_channel
 from requant.calibration.observers import CalibrationError
 from requant.calibration.propagate import propagate
-from requant.calibration.runner import Progress, terminal_progress
+from requant.calibration.runner import Kept, Progress, terminal_progress
 from requant.calibration.smoothing import DEFAULT_ALPHA, Smoothing, smooth_linears
 from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding
 from requant.errors import ArgumentError, RequantError
@@ -134,18 +134,19 @@ def prepare(
 class _Smoothing:
     """How to even out channels before quantizing, over ``data``: smooth linear layers with ``alpha``
     (None: not), equalize depthwise convs' inputs (``equalize``); ``ranges``: channel ranges already
-    measured."""
+    measured; ``outputs``: where equalization's probe keeps the float model's first output."""
 
     alpha: float | None
     data: Any
     progress: Progress | None
     ranges: dict[str, Any]
     equalize: bool = False
+    outputs: Kept | None = None
 
 
 def _evening(alpha: float | None, equalize: bool, data: Any, progress: Progress | None,
-             ranges: dict[str, Any]) -> _Smoothing | None:  # fmt: skip
-    return _Smoothing(alpha or None, data, progress, ranges, equalize) if alpha or equalize else None
+             ranges: dict[str, Any], outputs: Kept | None = None) -> _Smoothing | None:  # fmt: skip
+    return _Smoothing(alpha or None, data, progress, ranges, equalize, outputs) if alpha or equalize else None
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ def _annotate(
             smoothed = smooth_linears(model, smoothing.data, smoothing.alpha, progress, smoothing.ranges)
             quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
         if smoothing.equalize:
-            equalized = equalize_depthwise(model, smoothing.data, progress, smoothing.ranges)
+            equalized = equalize_depthwise(model, smoothing.data, progress, smoothing.ranges, outputs=smoothing.outputs)
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
     equalized = unless_per_channel(equalized)
     if half:
@@ -386,11 +387,25 @@ def _run(
 
 @dataclass
 class _Reference:
-    """The float model's session and, once computed, its first output on each evaluation sample: the
-    accuracy budget evaluates every try, and the report the final model, against the same outputs."""
+    """The float model and, once computed (or known from a probe), its first output on each evaluation
+    sample: the accuracy budget evaluates every try, and the report the final model, against the same
+    outputs. Its session is made when an output is not known yet."""
 
-    session: Any
+    proto: onnx.ModelProto | None
     outputs: list[npt.NDArray[Any]] | None = None
+    session: Any = None
+
+    def float_session(self) -> Any:
+        if self.session is None:
+            self.session = session(self.proto)
+        return self.session
+
+    def run(self, sample: Mapping[str, Any]) -> npt.NDArray[Any]:
+        return np.asarray(self.float_session().run(None, sample)[0])
+
+    def release(self) -> None:
+        """Drop the float model and its session (the outputs stay)."""
+        self.proto = self.session = None
 
 
 def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any) -> dict[str, float]:
@@ -402,7 +417,7 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
     cosines, tops_f, tops_q = [], [], []
     energy = noise = 0.0
     for i, sample in enumerate(iter_samples(model, data, "evaluation"), start=1):
-        outs_f.append(np.asarray(reference.session.run(None, sample)[0]) if i > len(known) else known[i - 1])
+        outs_f.append(reference.run(sample) if i > len(known) else known[i - 1])
         q = np.asarray(q_session.run(None, sample)[0])
         for what, output in (("float", outs_f[-1]), ("quantized", q)):
             if not np.isfinite(output).all():  # agreement figures would be NaN: say where instead
@@ -470,7 +485,7 @@ def _run_auto(
     alone chose worse on the CRNN of the bench); only the chosen one's biases are corrected on all
     (starting from the sums of its sketch where there is one): the model ``method=<chosen>`` gives
     when calibrated on the samples after the held-out ones."""
-    smooth = _evening(smoothing, equalize, data, progress, cache.channels)
+    smooth = _evening(smoothing, equalize, data, progress, cache.channels, cache.outputs)
     prepared, quantizer_report, float_info, evened = _prepare(
         model, quantizer, target.name, strict, True, smooth, **load_options
     )
@@ -493,7 +508,7 @@ def _run_auto(
         choice: dict[str, Any] = {"chosen": method, "output_sqnr_db": {}, "samples": 0, "held_out": 0, "why": why}
         sums = None
     else:
-        comparison = _Comparison(float_info[0], prepared, data, held.skipped)
+        comparison = _Comparison(float_info[0], prepared, data, held.skipped, cache.outputs.arrays)
         first = comparison.scores(plain)
         best, second = sorted(first.values(), reverse=True)[:2]
         sums, scores = None, first
@@ -514,7 +529,7 @@ def _run_auto(
             "held_out": held.skipped,
         }
         # not while finishing: the float model's session (its outputs on the samples are kept) and the candidates
-        comparison.reference.session = None
+        comparison.reference.release()
         del plain
     kept = staged.pop(method)
     staged.clear()  # the other candidate's model
@@ -566,13 +581,17 @@ class _Comparison:
     were not calibrated on, or as many first ones (fewer for large inputs, as bias correction counts
     them) when the data set was too small to hold any out."""
 
-    def __init__(self, float_proto: onnx.ModelProto, model: ir.Model, data: Any, held_out: int) -> None:
+    def __init__(
+        self, float_proto: onnx.ModelProto, model: ir.Model, data: Any, held_out: int, known: list[Any] | None = None
+    ) -> None:
+        """``known``: the float model's first output on the first samples, where a probe kept it."""
         self.samples = (
             list(itertools.islice(iter_samples(model, data), held_out))
             if held_out
             else first_samples(model, data, CHOICE_SAMPLES)
         )
-        self.model, self.reference = model, _Reference(session(float_proto))
+        outputs = list((known or [])[: len(self.samples)])
+        self.model, self.reference = model, _Reference(float_proto, outputs)
 
     def scores(self, protos: Mapping[str, onnx.ModelProto]) -> dict[str, float]:
         """Each candidate's output SQNR against float on the samples."""
@@ -879,7 +898,7 @@ def quantize(
     if max_drop is not None:
         if isinstance(eval_data, Iterator):  # a generator: every try reads it again, so all of it is kept
             eval_data = Replayed(eval_data, sys.maxsize)
-        reference = _Reference(session(run.float_proto))
+        reference = _Reference(run.float_proto)
         run, budget, tried = _within_budget(run, max_drop, metric, eval_data, calibration_data, again, reference,
                                             chosen_target.costs)  # fmt: skip
     converted = run.converted
@@ -920,9 +939,9 @@ def quantize(
     }
     if load_options.get("fixed_inputs"):
         report["fixed_inputs"] = {name: np.asarray(v).tolist() for name, v in load_options["fixed_inputs"].items()}
-    if run.float_proto is not None:
-        reference = reference or _Reference(session(run.float_proto))  # the budget's, with its outputs
-        f_session, q_session = reference.session, session(quantized_proto)  # once: latency and evaluation
+    if run.float_proto is not None and (measure or eval_data is not None):  # (auto keeps it for its comparison)
+        reference = reference or _Reference(run.float_proto)  # the budget's, with its outputs
+        f_session, q_session = reference.float_session(), session(quantized_proto)  # once: latency and evaluation
         if measure:
             sample = next(iter(iter_samples(quantized, calibration_data)))
             timed = [f_session, q_session]

@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, extremes, make_observer
 from requant.calibration.rounding import MOMENTS_KEY, InputMoments, Patches, measured_kernel
-from requant.calibration.runner import Progress, collect
+from requant.calibration.runner import Kept, Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_parameter_type, set_quant_type
 from requant.ir.queries import graph_values
@@ -25,6 +25,8 @@ from requant.ir.requests import QuantizationSpec, SharedSpec
 from requant.types import UniformType, from_range
 
 __all__ = ["Calibrated", "StatisticsCache", "calibrate", "weight_type"]
+
+KEPT_OUTPUT_BYTES = 64 << 20  # the float outputs a cache keeps (a prefix of the samples: 22 of the detector's maps)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def weight_type(
 @dataclass
 class StatisticsCache:
     """The observers of earlier calibrations of one model and data set, by value name and spec; the
-    weights' types, by tensor, name and spec; and the channel ranges smoothing measured, by value name."""
+    weights' types, by tensor, name and spec; the channel ranges smoothing measured, by value name;
+    and the float model's first output on the first samples, when a probe kept it."""
 
     observers: dict[tuple[str, QuantizationSpec], Observer] = dataclasses.field(default_factory=dict)
     weights: dict[tuple[int, str, QuantizationSpec], UniformType] = dataclasses.field(default_factory=dict)
@@ -91,6 +94,9 @@ class StatisticsCache:
     channels: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the second moments of kernels' inputs (weight rounding), by input name, patches and reduction length
     moments: dict[tuple[str, Patches, int], InputMoments] = dataclasses.field(default_factory=dict)
+    # the float model's first output on the first samples, where a probe ran them anyway (equalization's):
+    # method="auto" compares its candidates' outputs with them (PP-OCRv4's detector: 8 float runs, ~1 s)
+    outputs: Kept = dataclasses.field(default_factory=lambda: Kept(KEPT_OUTPUT_BYTES))
 
 
 class _Fanout(Observer):

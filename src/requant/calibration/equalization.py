@@ -42,8 +42,8 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.calibration.data import first_samples
-from requant.calibration.observers import MinMaxObserver
-from requant.calibration.runner import Progress, collect
+from requant.calibration.observers import MinMaxObserver, Observer
+from requant.calibration.runner import Kept, Progress, collect
 from requant.calibration.smoothing import FLOATS, channel_spread
 from requant.ir.annotations import request
 from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, weighted_layers
@@ -188,11 +188,14 @@ def equalize_depthwise(
     progress: Progress | None = None,
     ranges: dict[str, MinMaxObserver] | None = None,
     max_scale: float = MAX_SCALE,
+    outputs: Kept | None = None,
 ) -> Equalization:
     """Equalize every depthwise conv's input in ``model`` (float, changed in place) over ``data``, when
     it has more convolutions than linear layers (a transformer has no depthwise convs to gain from).
 
     ``ranges``: per-channel ranges of earlier runs by value name (reused, and filled with new ones).
+    ``outputs``: keeps the model's first output on the samples the channels are measured on, when
+    they are measured (the float model's, before equalization changes it in its last digits).
     """
     graph = model.graph
     linear, convs = weighted_layers(graph)
@@ -207,7 +210,11 @@ def equalize_depthwise(
     if fresh:
         probe, pooled = _probe(model, [c for c in chains if key[id(c)] in fresh])
         samples = first_samples(model, data, SAMPLES)
-        by_output = {pooled[str(c.input.name)]: fresh[key[id(c)]] for c in chains if key[id(c)] in fresh}
+        by_output: dict[str, Observer] = {
+            pooled[str(c.input.name)]: fresh[key[id(c)]] for c in chains if key[id(c)] in fresh
+        }
+        if outputs is not None and not outputs.arrays and graph.outputs:
+            by_output[str(graph.outputs[0].name)] = outputs
         # maxima: the last digits (ONNX Runtime's NCHWc convs add in another order) do not matter
         collect(probe, samples, by_output, progress, optimize=True, stack=False)
         ranges.update(fresh)

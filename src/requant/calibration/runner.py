@@ -28,7 +28,7 @@ from requant.calibration.observers import CalibrationError, Observer
 from requant.ir.queries import graph_values, static_elements
 from requant.runtime import cpu_session
 
-__all__ = ["Progress", "collect", "terminal_progress"]
+__all__ = ["Kept", "Progress", "collect", "terminal_progress"]
 
 log = logging.getLogger("requant.calibration")
 
@@ -36,6 +36,24 @@ Progress = Callable[[int, float], None]
 
 STACK_BYTES = 16 << 20  # observed bytes per run when samples are stacked
 MAX_STACK = 64  # samples per stacked run
+
+
+class Kept(Observer):
+    """The arrays of one tensor from the first runs, one sample a run, while they fit in ``limit``
+    bytes (a prefix of the samples: once one does not fit, no later one is kept). A probe that runs
+    the float model anyway keeps its output this way for a later comparison against float."""
+
+    batchable = False
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.arrays: list[Any] = []
+        self.full = False
+
+    def update(self, array: Any) -> None:
+        self.full = self.full or sum(a.nbytes for a in self.arrays) + array.nbytes > self.limit
+        if not self.full:
+            self.arrays.append(array)
 
 
 @dataclass
