@@ -53,6 +53,31 @@ def test_reciprocal_scale_divides_a_windows_sum_by_its_count_as_tosa_does() -> N
     assert apply_scale_32(np.array([-765, 765]), multiplier, shift).tolist() == [-128, 128]
 
 
+def test_transpose_conv2d_follows_tosas_pseudocode() -> None:
+    """Input ``[iy, ix]`` times weight ``[oc, ky, kx, ic]`` adds to output ``[iy * sy + top + ky, ix * sx +
+    left + kx]`` where that is inside, as TOSA's TRANSPOSE_CONV2D says, loop by loop."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(-128, 128, (1, 4, 3, 2), dtype=np.int8)
+    w = rng.integers(-127, 128, (3, 3, 2, 2), dtype=np.int8)
+    bias = rng.integers(-100, 100, 3).astype(np.int32)
+    for out_pad, stride in (([0, 0, 0, 0], [1, 1]), ([-1, 1, 0, -1], [2, 3]), ([2, -2, -1, 1], [3, 2])):
+        top, bottom, left, right = out_pad
+        oh, ow = 3 * stride[0] + top + bottom + 3, 2 * stride[1] + left + right + 2
+        expected = np.zeros((1, oh, ow, 3), np.int64) + bias
+        for iy, ix, oc, ky, kx, ic in np.ndindex(4, 3, 3, 3, 2, 2):
+            oy, ox = iy * stride[0] + top + ky, ix * stride[1] + left + kx
+            if 0 <= oy < oh and 0 <= ox < ow:
+                expected[0, oy, ox, oc] += (int(x[0, iy, ix, ic]) - 5) * int(w[oc, ky, kx, ic])
+        ops = [TosaOp("const", [], "%w", w.shape, "i8", {}, w), TosaOp("const", [], "%b", (3,), "i32", {}, bias),
+               TosaOp("const", [], "%xz", (1,), "i8", {}, np.array([5], np.int8)),
+               TosaOp("const", [], "%wz", (1,), "i8", {}, np.array([0], np.int8)),
+               TosaOp("transpose_conv2d", ["%arg0", "%w", "%b", "%xz", "%wz"], "%y", (1, oh, ow, 3), "i32",
+                      {"out_pad": out_pad, "stride": stride})]  # fmt: skip
+        program = TosaProgram([Edge("x", x.shape, 1.0, 5)], [Edge("y", (1, oh, ow, 3), 1.0, 0, "i32")], ops,
+                              ["%arg0"], ["%y"], {})  # fmt: skip
+        assert np.array_equal(run_tosa(program, {"x": x})[0], expected), out_pad
+
+
 def test_apply_scale_rounds_half_up_and_double_round_adds_half_a_step_past_shift_31() -> None:
     value = np.array([5, -5, 6, -6, 7], np.int64)  # 5 * 2**30 >> 31 = 2.5 -> 3; -2.5 -> -2 (half up)
     assert apply_scale_32(value, np.int64(1 << 30), np.int64(31)).tolist() == [3, -2, 3, -3, 4]
@@ -91,6 +116,12 @@ def _program(rng: np.random.Generator) -> TosaProgram:
     r1 = op("rescale", [conv, const(m), const(s), zp(0, np.int32), zp(3)], (1, 6, 6, 6), "i8",
             per_channel=True, scale32=True)  # fmt: skip
     c1 = op("clamp", [r1], (1, 6, 6, 6), "i8", min_val=-20, max_val=100)
+    # an upsampling with out_pad cutting and adding rows (negative and positive) and columns: 13x6
+    tw = rng.integers(-127, 128, (4, 3, 2, 6), dtype=np.int8)
+    up = op("transpose_conv2d", [c1, const(tw), const(rng.integers(-900, 900, 4).astype(np.int32)), zp(3), zp(0)],
+            (1, 13, 6, 4), "i32", out_pad=[-1, 1, 0, -1], stride=[2, 1])  # fmt: skip
+    upsampled = op("rescale", [up, const(np.full(1, 1 << 30, np.int32)), const(np.full(1, 37, np.int8)),
+                               zp(0, np.int32), zp(-2)], (1, 13, 6, 4), "i8", per_channel=False, scale32=True)  # fmt: skip
     dw = rng.integers(-127, 128, (3, 3, 6, 2), dtype=np.int8)
     dconv = op("depthwise_conv2d", [c1, const(dw), const(np.zeros(12, np.int32)), zp(3), zp(0)], (1, 6, 6, 12), "i32",
                pad=[1, 1, 1, 1], stride=[1, 1], dilation=[1, 1])  # fmt: skip
@@ -112,7 +143,8 @@ def _program(rng: np.random.Generator) -> TosaProgram:
     mm = op("matmul", [picked, const(weights), zp(2), zp(0)], (1, 7, 4), "i32")
     out = op("rescale", [mm, const(np.full(4, 1 << 30, np.int32)), const(np.array([33, 34, 35, 36], np.int8)),
                          zp(0, np.int32), zp(1)], (1, 7, 4), "i8", per_channel=True, scale32=True)  # fmt: skip
-    return TosaProgram([Edge("x", (1, 11, 12, 5), 1.0, -7)], [Edge("y", (1, 7, 4), 1.0, 1)], ops, ["%arg0"], [out], {})
+    outputs = [Edge("y", (1, 7, 4), 1.0, 1), Edge("z", (1, 13, 6, 4), 1.0, -2)]
+    return TosaProgram([Edge("x", (1, 11, 12, 5), 1.0, -7)], outputs, ops, ["%arg0"], [out, upsampled], {})
 
 
 @needs_tools
@@ -125,10 +157,9 @@ def test_iree_computes_what_the_interpreter_computes_for_every_op(rounding: str)
     module = IreeModule(compile_iree(text))
     for seed in range(4):
         data = {"x": np.random.default_rng(seed).integers(-128, 128, (1, 11, 12, 5), dtype=np.int8)}
-        (expected,) = run_tosa(program, data, rounding)
-        (got,) = module.run([data["x"]])
-        assert got.dtype == np.int8 and np.array_equal(got, expected), f"seed {seed}: {np.sum(got != expected)} differ"
-    assert len(np.unique(expected)) > 3  # not all saturated: the values say something
+        for expected, got in zip(run_tosa(program, data, rounding), module.run([data["x"]]), strict=True):
+            assert got.dtype == np.int8 and np.array_equal(got, expected), f"seed {seed}: {np.sum(got != expected)} differ"
+            assert len(np.unique(expected)) > 3  # not all saturated: the values say something
 
 
 @needs_tools
@@ -286,6 +317,52 @@ def test_bilinear_upsampling_lowers_to_a_bilinear_tosa_resize(transform: str, si
     assert resize.attrs["mode"] == "BILINEAR" and resize.dtype == "i32" and resize.shape == (1, oh, ow, 4)
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0 + 1e-4
     _iree_agrees(result, data)
+
+
+def _upsampling(group: int = 1, pads: int = 1) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    """A conv, then a 2x upsampling ConvTranspose (kernel 3, stride 2, pads 1, output_padding 1) with a
+    Relu, then a 1x1 conv: a segmentation or text-detection head's pieces."""
+    size = 17 - 2 * pads
+    proto = onnx.parser.parse_model(
+        f'<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,8,8] x) => (float[1,2,{size},{size}] y) {{'
+        " c = Conv <pads = [1, 1, 1, 1]> (x, w, b) r = Relu(c)"
+        f" t = ConvTranspose <kernel_shape = [3, 3], strides = [2, 2], pads = [{pads}, {pads}, {pads}, {pads}],"
+        f" output_padding = [1, 1], group = {group}> (r, v, d) u = Relu(t) y = Conv (u, e, f) }}"
+    )
+    rng = np.random.default_rng(3)
+    shapes = {"w": (4, 3, 3, 3), "b": (4,), "v": (4, 4 // group, 3, 3), "d": (4,), "e": (2, 4, 1, 1), "f": (2,)}
+    proto.graph.initializer.extend(
+        numpy_helper.from_array(rng.normal(0, 0.4, shape).astype(np.float32), name) for name, shape in shapes.items()
+    )
+    return proto, [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(16)]
+
+
+def test_a_conv_transpose_lowers_to_transpose_conv2d() -> None:
+    """Quantized for tosa-int8 (per-channel weights on the ConvTranspose's axis 1), lowered to
+    tosa.transpose_conv2d with ONNX's pads negated as its out_pad, within one output step of the QDQ
+    model in ONNX Runtime, and IREE computes what the interpreter computes."""
+    proto, data = _upsampling()
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    (up,) = [op for op in result.tosa.ops if op.kind == "transpose_conv2d"]
+    assert up.shape == (1, 16, 16, 4) and up.dtype == "i32"
+    assert up.attrs["out_pad"] == [-1, 0, -1, 0] and up.attrs["stride"] == [2, 2]
+    kinds = [op.kind for op in result.tosa.ops if op.kind not in ("const", "rescale", "clamp")]
+    assert kinds == ["transpose", "conv2d", "transpose_conv2d", "conv2d", "transpose"]
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    assert "transpose_conv2d x1" in result.report["summary"]
+    _iree_agrees(result, data[:4])
+
+
+@pytest.mark.parametrize(
+    ("group", "pads", "why"),
+    [(2, 1, "no groups (this one has 2)"), (1, 3, "pads smaller than its kernel (this one has pads [3, 3, 3, 3]")],
+)
+def test_a_conv_transpose_tosa_cannot_take_is_refused_with_the_reason(group: int, pads: int, why: str) -> None:
+    proto, data = _upsampling(group, pads)
+    with pytest.raises(RequantError, match=r"node_2.*not a quantized constant: tosa.transpose_conv2d has ") as error:
+        requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert why in str(error.value)
 
 
 def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_computes() -> None:

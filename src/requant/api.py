@@ -27,6 +27,7 @@ import onnx_ir as ir
 from requant.backends import finish_qdq, materialize_qdq
 from requant.backends.tosa import TosaError, TosaProgram, lower_to_tosa
 from requant.backends.tosa_mlir import to_mlir
+from requant.backends.tosa_reference import ACCUMULATORS as TOSA_ACCUMULATORS
 from requant.backends.tosa_reference import run_tosa
 from requant.calibration.bias_correction import (
     DEFAULT_SAMPLES,
@@ -1129,7 +1130,7 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
     lines += [f"warning: {w}" for w in report["quantizers"].get("warnings", [])]
     tosa = report.get("tosa")
     if tosa:
-        kernels = {k: v for k, v in tosa["ops"].items() if k in ("conv2d", "depthwise_conv2d", "matmul")}
+        kernels = {k: v for k, v in tosa["ops"].items() if k in TOSA_ACCUMULATORS}
         check = tosa["against_qdq"]
         lines.append(
             f"TOSA: {sum(tosa['ops'].values())} ops ({', '.join(f'{k} x{v}' for k, v in kernels.items())}), "

@@ -7,12 +7,13 @@ nothing is float:
 
 - the function takes the model's inputs quantized (int8) and returns its outputs quantized; the
   host quantizes and dequantizes with the parameters of :class:`Edge` (the MLIR file's header);
-- a ``Conv`` becomes ``tosa.conv2d`` / ``tosa.depthwise_conv2d`` (NHWC; transposes where the layout
-  changes), a ``Gemm`` ``tosa.matmul`` plus an int32 ``tosa.add`` of its bias, a ``MatMul``
-  ``tosa.matmul`` (a constant weight, or two activations batch by batch); each kernel's int32
-  accumulator goes to the next int8 tensor through ``tosa.rescale`` with a fixed-point multiplier
-  and shift per output channel (``input scale x weight scale / output scale``), and a Relu or Clip
-  after it becomes a ``tosa.clamp`` on the int8 result;
+- a ``Conv`` becomes ``tosa.conv2d`` / ``tosa.depthwise_conv2d`` (NHWC; transposes where the
+  layout changes), a ``ConvTranspose`` ``tosa.transpose_conv2d``, a ``Gemm`` ``tosa.matmul`` plus
+  an int32 ``tosa.add`` of its bias, a ``MatMul`` ``tosa.matmul`` (a constant weight, or two
+  activations batch by batch); each kernel's int32 accumulator goes to the next int8 tensor
+  through ``tosa.rescale`` with a fixed-point multiplier and shift per output channel (``input
+  scale x weight scale / output scale``), and a Relu or Clip after it becomes a ``tosa.clamp`` on
+  the int8 result;
 - ``MaxPool``, ``Reshape`` / ``Flatten``, ``Transpose``, ``Relu`` and ``Clip`` between conversions of one scale run
   on the int8 values; an elementwise ``Add`` of two int8 tensors rescales both to int32 on a common
   scale, adds, and rescales to its output.
@@ -37,6 +38,7 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.queries import constant
+from requant.targets.tosa_int8 import transposed_unlike_tosa
 from requant.types import UniformQuantizedType, dcast, qcast
 
 __all__ = ["Edge", "TosaError", "TosaOp", "TosaProgram", "lower_to_tosa", "multiplier_shift"]
@@ -44,7 +46,7 @@ __all__ = ["Edge", "TosaError", "TosaOp", "TosaProgram", "lower_to_tosa", "multi
 Array = npt.NDArray[Any]
 SHAPE_OPS = ("Shape", "Constant")  # other ops on int64 shapes are skipped by their type
 ROUNDING = ("single_round", "double_round")
-KERNELS = ("Conv", "Gemm", "MatMul")  # a Relu or Clip after one is written with it
+KERNELS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # a Relu or Clip after one is written with it
 STREAM_BITS = 16  # an int32 stream of sums starts this many bits finer than the coarser int8 input
 
 
@@ -318,6 +320,32 @@ class _Lowering:
             raise TosaError(
                 f"node '{_name(node)}': a grouped conv ({group} groups) that is not depthwise is not lowered"
             )
+        scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
+        self.kernel_output(node, acc, shape, scales, True)
+
+    def conv_transpose(self, node: ir.Node) -> None:
+        """A 2-d ConvTranspose of one group as ``tosa.transpose_conv2d``: input row ``iy`` times kernel row
+        ``ky`` adds to output row ``iy * stride + ky + out_pad_top``, so TOSA's ``out_pad`` is ONNX's pads
+        negated (``output_padding`` added at the bottom and right), and the weight ``[I, O, KH, KW]``
+        becomes ``[O, KH, KW, I]``."""
+        x = self.nhwc(self.source(node.inputs[0], node))
+        w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
+        bias = _dequantized_constant(node.inputs[2], node)[0] if len(node.inputs) > 2 else None
+        why = transposed_unlike_tosa(node)
+        if w.ndim != 4 or np.any(w_zp != 0) or why:
+            raise TosaError(f"node '{_name(node)}': 2-d ConvTransposes with symmetric weights are lowered, and "
+                            f"tosa.transpose_conv2d has {why or 'int8 weights of zero point 0'}")  # fmt: skip
+        top, left, bottom, right = node.attributes.get_ints("pads", [0, 0, 0, 0])
+        extra_h, extra_w = node.attributes.get_ints("output_padding", [0, 0])
+        out_c = w.shape[1]
+        n, c, h, wd = self.shape_of(node.outputs[0])
+        shape = (n, h, wd, c)
+        bias_q = bias.astype(np.int32) if bias is not None else np.zeros(out_c, np.int32)
+        weight = self.const(w.transpose(1, 2, 3, 0), "i8")  # IOHW -> OHWI
+        zps = [self.zero_point(x.zero_point), self.zero_point(0)]
+        acc = self.add("transpose_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32",
+                       out_pad=[-top, extra_h - bottom, -left, extra_w - right],
+                       stride=list(node.attributes.get_ints("strides", [1, 1])), node=_name(node))  # fmt: skip
         scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
         self.kernel_output(node, acc, shape, scales, True)
 
@@ -811,7 +839,8 @@ UNARY: dict[str, Callable[[Array, ir.Node], Array]] = {  # what tosa.table compu
     "LeakyRelu": lambda x, node: np.where(x >= 0, x, node.attributes.get_float("alpha", 0.01) * x),
 }
 
-LOWERINGS = {"Conv": _Lowering.conv, "Gemm": _Lowering.gemm, "MatMul": _Lowering.matmul, "MaxPool": _Lowering.max_pool,
+LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, "Gemm": _Lowering.gemm,
+             "MatMul": _Lowering.matmul, "MaxPool": _Lowering.max_pool,
              "Reshape": _Lowering.reshape, "Flatten": _Lowering.reshape, "Relu": _Lowering.clamp,
              "Clip": _Lowering.clamp, "Add": _Lowering.add_op,
              "GlobalAveragePool": _Lowering.global_average_pool, "Gather": _Lowering.gather,
@@ -839,7 +868,9 @@ def _dequantized_constant(value: ir.Value | None, node: ir.Node) -> tuple[Array,
     dq = value.producer() if value is not None else None
     data = constant(dq.inputs[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
     if dq is None or data is None:
-        raise TosaError(f"node '{_name(node)}': input '{value.name if value else '?'}' is not a quantized constant")
+        raise TosaError(
+            f"node '{_name(node)}': input '{value.name if value else '?'}' is not a quantized constant", _name(node)
+        )
     scale = constant(dq.inputs[1])
     zp = constant(dq.inputs[2]) if len(dq.inputs) > 2 else None
     assert scale is not None

@@ -38,6 +38,8 @@ def _attributes(op: TosaOp, rounding: str) -> str:
     if op.kind in ("conv2d", "depthwise_conv2d"):
         return (f"acc_type = i32, dilation = {_array(a['dilation'])}, pad = {_array(a['pad'])}, "
                 f"stride = {_array(a['stride'])}")  # fmt: skip
+    if op.kind == "transpose_conv2d":
+        return f"acc_type = i32, out_pad = {_array(a['out_pad'])}, stride = {_array(a['stride'])}"
     if op.kind == "rescale":
         return (f"input_unsigned = false, output_unsigned = false, per_channel = {str(a['per_channel']).lower()}, "
                 f"rounding_mode = #tosa.rounding_mode<{rounding.upper()}>, scale32 = true")  # fmt: skip

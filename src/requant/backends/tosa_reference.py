@@ -71,6 +71,32 @@ def _conv(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return _int32(out + bias.astype(np.int64), op)
 
 
+def _transpose_conv(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """TOSA's TRANSPOSE_CONV2D: input ``[n, iy, ix, ic]`` times weight ``[oc, ky, kx, ic]`` adds to output
+    ``[n, iy * stride_y + out_pad_top + ky, ix * stride_x + out_pad_left + kx, oc]`` where that is inside."""
+    x, w, bias, x_zp, w_zp = args
+    x = x.astype(np.int64) - np.int64(x_zp[0])
+    w = w.astype(np.int64) - np.int64(w_zp[0])
+    top, bottom, left, right = op.attrs["out_pad"]
+    sy, sx = op.attrs["stride"]
+    n, ih, iw, _ = x.shape
+    oc, kh, kw, _ = w.shape
+    if min(top, bottom) <= -kh or min(left, right) <= -kw:
+        raise TosaError(f"transpose_conv2d {op.output}: out_pad {op.attrs['out_pad']} must be above -kernel")
+    full = np.zeros((n, (ih - 1) * sy + kh, (iw - 1) * sx + kw, oc), np.int64)  # every product, none cut off
+    for ky in range(kh):
+        for kx in range(kw):
+            full[:, ky : ky + (ih - 1) * sy + 1 : sy, kx : kx + (iw - 1) * sx + 1 : sx] += np.einsum(
+                "nhwc,oc->nhwo", x, w[:, ky, kx, :]
+            )
+    oh, ow = (ih - 1) * sy + top + bottom + kh, (iw - 1) * sx + left + right + kw
+    out = np.zeros((n, oh, ow, oc), np.int64)  # output row r is row r - top of ``full``
+    rows = slice(max(0, top), min(oh, full.shape[1] + top))
+    cols = slice(max(0, left), min(ow, full.shape[2] + left))
+    out[:, rows, cols] = full[:, rows.start - top : rows.stop - top, cols.start - left : cols.stop - left]
+    return _int32(out + bias.astype(np.int64), op)
+
+
 def _int32(values: Array, op: TosaOp) -> Array:
     if values.size and (values.min() < -(2**31) or values.max() >= 2**31):
         raise TosaError(f"{op.kind} {op.output}: the int32 accumulator overflows")
@@ -230,11 +256,12 @@ def _pad(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return np.pad(x, [tuple(int(v) for v in p) for p in pairs], constant_values=value[0])
 
 
-ACCUMULATORS = ("conv2d", "depthwise_conv2d", "matmul")
+ACCUMULATORS = ("conv2d", "depthwise_conv2d", "transpose_conv2d", "matmul")
 OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "const": _const,
     "conv2d": _conv,
     "depthwise_conv2d": _conv,
+    "transpose_conv2d": _transpose_conv,
     "matmul": _matmul,
     "add": _add,
     "rescale": _rescale,
@@ -263,9 +290,10 @@ def run_tosa(
     overflows: dict[str, list[int]] | None = None,
 ) -> list[Array]:
     """The program's int8 outputs on int8 ``inputs`` (by the model's input names); ``rounding``
-    overrides the program's. With ``accumulator_bits`` (e.g. 16), each conv2d, depthwise_conv2d and
-    matmul result is saturated to that many bits, as a narrower accumulator would hold it (seed 002's
-    simulated accumulator), and ``overflows`` counts, per kernel, ``[values saturated, values]``."""
+    overrides the program's. With ``accumulator_bits`` (e.g. 16), each conv2d, depthwise_conv2d,
+    transpose_conv2d and matmul result is saturated to that many bits, as a narrower accumulator would
+    hold it (seed 002's simulated accumulator), and ``overflows`` counts, per kernel, ``[values
+    saturated, values]``."""
     rounding = rounding or program.rounding
     if rounding not in ROUNDING:
         raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")

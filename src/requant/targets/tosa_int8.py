@@ -6,7 +6,8 @@ times the weight scale, and int32 accumulators brought back to int8 by ``tosa.re
 op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
 residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
-(2-d, and depthwise), ``Gemm`` and ``MatMul`` (a constant weight, or two activations) with a folded
+(2-d, and depthwise), ``ConvTranspose`` (2-d, one group, no dilation), ``Gemm`` and ``MatMul``
+(a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
@@ -17,6 +18,8 @@ Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import onnx_ir as ir
 
 from requant.ir.queries import constant
 from requant.ir.requests import QuantizationSpec
@@ -29,10 +32,10 @@ from requant.types.accumulation import INT32
 if TYPE_CHECKING:
     from requant.quantizers.config import QuantizationConfig
 
-__all__ = ["TOSA_INT8", "TOSA_INT32"]
+__all__ = ["TOSA_INT8", "TOSA_INT32", "transposed_unlike_tosa"]
 
 ACTIVATION_DTYPES = ("int8", "uint8")  # uint8 is written as int8 (q - 128, zero point - 128): exact
-PRODUCERS = ("Conv", "Gemm", "MatMul")
+PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FOLDED_ACTIVATIONS = ("Relu", "Clip")
 STANDALONE = (
     "Add",
@@ -76,13 +79,35 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
             return Accept()  # two activations (attention's products): tosa.matmul takes both with their zero points
         if data is None:
             return Reject(f"{node.op_type} weight is not a constant (lowered: constant weights)", at=node)
-        if node.op_type == "Conv" and data.ndim != 4:
+        if node.op_type in ("Conv", "ConvTranspose") and data.ndim != 4:
             return Reject(f"the tosa-int8 backend lowers 2-d convolutions; this one is {data.ndim - 2}-d", at=node)
+        if node.op_type == "ConvTranspose":
+            why = transposed_unlike_tosa(node)
+            if why:
+                return Reject(f"tosa.transpose_conv2d has {why}", at=node)
         if isinstance(spec, QuantizationSpec) and (
             spec.dtype != "int8" or not spec.symmetric or spec.granularity == "blockwise"
         ):
             return Reject(f"TOSA's int profile takes symmetric int8 weights, not {spec}", at=node)
     return Accept()
+
+
+def transposed_unlike_tosa(node: ir.Node) -> str:
+    """What a ConvTranspose has that ``tosa.transpose_conv2d`` has not (one group, no dilation, explicit
+    pads), or ``""``."""
+    a = node.attributes
+    if a.get_int("group", 1) != 1:
+        return f"no groups (this one has {a.get_int('group', 1)})"
+    if any(d != 1 for d in a.get_ints("dilations", [1, 1])):
+        return f"no dilation (this one has {list(a.get_ints('dilations', []))})"
+    if a.get_string("auto_pad", "NOTSET") not in ("NOTSET", "") or "output_shape" in a:
+        return "explicit pads only (this one has auto_pad or output_shape)"
+    weight = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    kernel = list(weight.shape[2:]) if weight is not None and weight.ndim == 4 else []
+    pads = list(a.get_ints("pads", [0, 0, 0, 0]))
+    if kernel and any(p >= kernel[i % 2] for i, p in enumerate(pads)):  # out_pad = -pad must stay above -kernel
+        return f"pads smaller than its kernel (this one has pads {pads}, kernel {kernel})"
+    return ""
 
 
 def _not_lowered(match: Match, config: QuantizationConfig) -> Verdict:
@@ -94,7 +119,7 @@ def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
-    later = ("ConvTranspose", "LSTM", "GRU", "RNN", "Softmax")
+    later = ("LSTM", "GRU", "RNN", "Softmax")
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
