@@ -26,8 +26,9 @@ it, and ``backends.tosa_tools`` checks it with ``mlir-opt`` and runs it in IREE.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,8 +222,10 @@ class _Lowering:
         producer = value.producer() if value is not None else None
         if producer is not None and producer.op_type == "DequantizeLinear" and producer.inputs[0] is not None:
             found = self.tensors.get(str(producer.inputs[0].name))
-            if found is not None:
-                return found
+            if found is not None:  # read with the DequantizeLinear's own parameters: requant folds a
+                scale, zp = _params(producer)  # constant factor into them (a HardSwish's 1/6)
+                same = math.isclose(scale, found.scale, rel_tol=1e-9) and zp == found.zero_point
+                return found if same else dataclasses.replace(found, scale=scale, zero_point=zp)
         name = value.name if value is not None else "?"
         raise TosaError(f"node '{_name(node)}' ({node.op_type}): input '{name}' is not a quantized tensor")
 
@@ -240,8 +243,11 @@ class _Lowering:
     def rescale(self, name: str, shape: tuple[int, ...], scales: Array, input_zp: int, output_zp: int,
                 dtype_in: str, why: str) -> str:  # fmt: skip
         """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to int8; ``why``
-        it is there, for the report."""
-        pairs = [multiplier_shift(float(s)) for s in np.atleast_1d(scales)]
+        it is there, for the report. A channel of a scale below ``2**-32`` (a dead channel, its weights
+        all zero) gets the multiplier 0 (and the shift 62, which takes any int32): no int32 value
+        reaches half a step of its output, so it is the zero point either way (TOSA's shift stops at
+        62, for scales from ``2**-32``)."""
+        pairs = [multiplier_shift(float(s)) if s >= 2.0**-32 else (0, 62) for s in np.atleast_1d(scales)]
         multipliers = self.const(np.array([m for m, _ in pairs]), "i32")
         shifts = self.const(np.array([s for _, s in pairs]), "i8")
         return self.add(
@@ -535,7 +541,12 @@ class _Lowering:
         if mode == "linear":
             self.resize_bilinear(node)
             return
-        x = self.nhwc(self.same_scale(node))
+        x = self.nhwc(self.source(node.inputs[0], node))
+        _, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        if not math.isclose(out_scale, x.scale, rel_tol=1e-6) or out_zp != x.zero_point:  # where two types meet
+            why = f"Resize '{_name(node)}': its input to the output's scale and zero point"
+            name = self.rescale(x.name, x.shape, np.array([x.scale / out_scale]), x.zero_point, out_zp, "i8", why)
+            x = _Tensor(name, x.shape, out_scale, out_zp, True)
         transform = node.attributes.get_string("coordinate_transformation_mode", "half_pixel")
         rounding = node.attributes.get_string("nearest_mode", "round_prefer_floor")
         n, c, oh, ow = self.shape_of(node.outputs[0])
@@ -755,7 +766,8 @@ class _Lowering:
     def mul(self, node: ir.Node) -> None:
         """A product of two int8 tensors (or one and an int8 constant), broadcast as ONNX does: both
         to int32 with their zero points removed, ``tosa.mul``, rescaled to the output."""
-        a, b = (self.operand(v, node) for v in node.inputs[:2])
+        rank = max(len(self.shape_of(v)) for v in node.inputs[:2] if v is not None)
+        a, b = (self.operand(v, node, rank) for v in node.inputs[:2])
         if len(a.shape) == len(b.shape) == 4 and a.nhwc != b.nhwc:
             a, b = self.nhwc(a), self.nhwc(b)
         if len(a.shape) != len(b.shape):
@@ -769,9 +781,10 @@ class _Lowering:
         result = self.rescale(product, shape, np.array([a.scale * b.scale / out_scale]), 0, out_zp, "i32", why)
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, shape, out_scale, out_zp, a.nhwc or b.nhwc)
 
-    def operand(self, value: ir.Value | None, node: ir.Node) -> _Tensor:
-        """An int8 tensor, or a dequantized int8 constant made one (its dimensions padded to the
-        other operand's rank by the caller's broadcasting)."""
+    def operand(self, value: ir.Value | None, node: ir.Node, rank: int = 0) -> _Tensor:
+        """An int8 tensor, or a dequantized int8 constant made one, its dimensions padded in front to
+        ``rank`` (ONNX broadcasts a per-channel ``[C, 1, 1]`` against ``[N, C, H, W]``; TOSA wants equal
+        ranks)."""
         producer = value.producer() if value is not None else None
         if producer is not None and producer.op_type == "DequantizeLinear" and constant(producer.inputs[0]) is not None:
             data, scale, zp = _dequantized_constant(value, node)
@@ -779,6 +792,7 @@ class _Lowering:
                 raise TosaError(f"node '{_name(node)}': a per-tensor 8-bit constant operand is lowered, not this one")
             shift = 128 if data.dtype == np.uint8 else 0
             values = (data.astype(np.int16) - shift).astype(np.int8)
+            values = values.reshape((1,) * max(0, rank - values.ndim) + values.shape)
             return _Tensor(self.const(values, "i8"), values.shape, float(scale), int(zp) - shift)
         return self.source(value, node)
 
@@ -787,7 +801,13 @@ class _Lowering:
         one QuantizeLinear is all that reads it; otherwise (a residual connection, which requant
         keeps float on ONNX Runtime) it stays an int32 stream: each QuantizeLinear reading it gets
         its own rescale to int8, and the next sum reads the stream."""
-        a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in node.inputs[:2] if v is not None)
+        values = [v for v in node.inputs[:2] if v is not None]
+        fixed = [_constant_value(v, node) for v in values]
+        if any(c is not None for c in fixed):  # x + a float constant (a HardSwish written out: x + 3)
+            self.add_constant(node, *(  # the tensor, then the constant
+                (values[1], fixed[0]) if fixed[0] is not None else (values[0], fixed[1])))  # fmt: skip
+            return
+        a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in values)
         if a.shape != b.shape or a.nhwc != b.nhwc:  # one layout for both (a square map hides the difference)
             a, b = self.nhwc(a), self.nhwc(b)
         if a.shape != b.shape or a.nhwc != b.nhwc:
@@ -799,7 +819,37 @@ class _Lowering:
             self.rescale_to_i32(t, t.scale / common, f"Add '{_name(node)}': an input to the sum's int32 scale")
             for t in (a, b)
         ]
-        total = _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, wide=True)
+        self.sum_to_readers(node, _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, True))
+
+    def add_constant(self, node: ir.Node, value: ir.Value, addend: Array | None) -> None:
+        """A tensor plus a float constant that broadcasts to it (a number: a HardSwish written out; per
+        channel: a batch norm's shift): the tensor to int32 on a scale 2**16 times finer (coarser where
+        the constant would not fit in 2**30 steps), the constant rounded to that scale."""
+        t = self.wide.get(str(value.name)) or self.source(value, node)
+        rank = len(self.shape_of(value))
+        if addend is None or np.ndim(addend) > rank or not np.isfinite(addend).all():
+            raise TosaError(f"node '{_name(node)}' (Add): a tensor plus a finite constant is lowered, not this one")
+        c = np.asarray(addend, np.float64).reshape((1,) * (rank - np.ndim(addend)) + np.shape(addend))
+        if t.nhwc:
+            c = c.transpose(0, 2, 3, 1)
+        try:
+            np.broadcast_shapes(c.shape, t.shape)
+        except ValueError:
+            raise TosaError(f"node '{_name(node)}' (Add): its constant {list(np.shape(addend))} does not broadcast "
+                            f"to the tensor") from None  # fmt: skip
+        largest = float(np.abs(c).max(initial=0.0))
+        common = t.scale if t.wide else max(t.scale / (1 << STREAM_BITS), largest / (1 << 30))
+        steps = np.rint(c / common)
+        if np.abs(steps).max(initial=0) >= 1 << 31:
+            raise TosaError(f"node '{_name(node)}' (Add): {largest} is beyond the int32 range of the sum's scale")
+        why = f"Add '{_name(node)}': the tensor to the int32 scale of its sum with a constant"
+        part = self.rescale_to_i32(t, t.scale / common, why)
+        shifted = self.add("add", [part, self.const(steps.astype(np.int64), "i32")], t.shape, "i32")
+        self.sum_to_readers(node, _Tensor(shifted, t.shape, common, 0, t.nhwc, True))
+
+    def sum_to_readers(self, node: ir.Node, total: _Tensor) -> None:
+        """An int32 sum, rounded to int8 for each QuantizeLinear reading it, kept as a stream for Adds."""
+        a = total
         value = node.outputs[0]
         readers = [u.node for u in value.uses()]
         if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add") for r in readers):
@@ -811,7 +861,7 @@ class _Lowering:
         for q in (r for r in readers if r.op_type == "QuantizeLinear"):
             out_scale, out_zp = _params(q)
             why = f"Add '{_name(node)}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
-            result = self.rescale(total.name, a.shape, np.array([common / out_scale]), 0, out_zp, "i32", why)
+            result = self.rescale(total.name, a.shape, np.array([a.scale / out_scale]), 0, out_zp, "i32", why)
             self.tensors[str(q.outputs[0].name)] = _Tensor(result, a.shape, out_scale, out_zp, a.nhwc)
 
     def rescale_to_i32(self, t: _Tensor, scale: float, why: str) -> str:
@@ -852,7 +902,8 @@ LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, 
 
 
 def _params(q: ir.Node) -> tuple[float, int]:
-    """A QuantizeLinear's scale and zero point, the zero point as int8 (uint8 shifted by -128)."""
+    """A QuantizeLinear's (or DequantizeLinear's) scale and zero point, the zero point as int8 (uint8
+    shifted by -128)."""
     scale = constant(q.inputs[1]) if len(q.inputs) > 1 else None
     zp = constant(q.inputs[2]) if len(q.inputs) > 2 else None
     if scale is None or scale.size != 1:
@@ -861,6 +912,15 @@ def _params(q: ir.Node) -> tuple[float, int]:
     if zero.dtype not in (np.uint8, np.int8):
         raise TosaError(f"QuantizeLinear '{q.name}': 8-bit activations are lowered, not {zero.dtype}")
     return float(scale.reshape(())), int(zero.reshape(())) - (128 if zero.dtype == np.uint8 else 0)
+
+
+def _constant_value(value: ir.Value, node: ir.Node) -> Array | None:
+    """A float constant, or the real values of a dequantized integer constant; None for a tensor."""
+    producer = value.producer()
+    if producer is not None and producer.op_type == "DequantizeLinear" and constant(producer.inputs[0]) is not None:
+        data, scale, zp = _dequantized_constant(value, node)
+        return (data.astype(np.float64) - zp) * scale
+    return constant(value)
 
 
 def _dequantized_constant(value: ir.Value | None, node: ir.Node) -> tuple[Array, Array, Array]:
@@ -877,10 +937,13 @@ def _dequantized_constant(value: ir.Value | None, node: ir.Node) -> tuple[Array,
     return np.asarray(data), np.asarray(scale, np.float64), np.asarray(zp if zp is not None else 0)
 
 
-def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[str, Array]]:
-    """Every value's shape with the inputs' batch fixed to 1, and the values of its integer tensors
-    (shape arithmetic, an exporter's gather indices): the model runs once in ONNX Runtime on zeros
-    (shape inference does not follow an exporter's shape arithmetic into a Reshape)."""
+def _static_shapes(
+    model: ir.Model, given: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[dict[str, tuple[int, ...]], dict[str, Array]]:
+    """Every value's shape with the inputs' batch fixed to 1 and their other dynamic dimensions as
+    ``given`` (by input name: a sample's shape), and the values of its integer tensors (shape
+    arithmetic, an exporter's gather indices): the model runs once in ONNX Runtime on zeros (shape
+    inference does not follow an exporter's shape arithmetic into a Reshape)."""
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     from requant.runtime import cpu_session
@@ -890,13 +953,19 @@ def _static_shapes(model: ir.Model) -> tuple[dict[str, tuple[int, ...]], dict[st
     for graph_input in proto.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
         shape = []
+        sample = (given or {}).get(graph_input.name)
         for i, dim in enumerate(dims):
             if dim.HasField("dim_value"):
                 shape.append(dim.dim_value)
             elif i == 0:
                 shape.append(1)
+            elif sample is not None and len(sample) == len(dims):
+                shape.append(int(sample[i]))
             else:
-                raise TosaError(f"input '{graph_input.name}' has a dynamic dimension {i}: fix it before lowering")
+                raise TosaError(
+                    f"input '{graph_input.name}' has a dynamic dimension {i} and no sample gives it: TOSA programs "
+                    "have static shapes (export the model with that dimension fixed)"
+                )
         dtype = onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
         feeds[graph_input.name] = np.zeros(shape, dtype)
     known = {o.name for o in proto.graph.output}
@@ -925,9 +994,13 @@ def _reads_dequantized(node: ir.Node) -> bool:
     return producer is not None and producer.op_type == "DequantizeLinear"
 
 
-def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgram:
+def lower_to_tosa(
+    model: ir.Model, rounding: str = "single_round", shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> TosaProgram:
     """The integer TOSA program of a QDQ ``model`` (requant's output), batch 1; its rescales round as
-    ``rounding`` says (``single_round``, TOSA's; ``double_round``, TFLite's: TOSA's extension)."""
+    ``rounding`` says (``single_round``, TOSA's; ``double_round``, TFLite's: TOSA's extension).
+    ``shapes``: the inputs' shapes by name (a calibration sample's), for dimensions the model leaves
+    dynamic after the batch: the program is for that size."""
     if rounding not in ROUNDING:
         raise TosaError(f"rounding must be one of {', '.join(ROUNDING)}, got {rounding!r}")
     for node in model.graph:  # integer-only: a node computing on float values is an error, named
@@ -947,8 +1020,8 @@ def lower_to_tosa(model: ir.Model, rounding: str = "single_round") -> TosaProgra
                     "quantized, and the tosa-int8 target is integer-only",
                     _name(node),
                 )
-    shapes, integers = _static_shapes(model)
-    lowering = _Lowering(model.graph, shapes, integers)
+    static, integers = _static_shapes(model, shapes)
+    lowering = _Lowering(model.graph, static, integers)
     inputs: list[Edge] = []
     arguments: list[str] = []
     for value in model.graph.inputs:

@@ -49,6 +49,9 @@ STANDALONE = (
     "HardSwish",
     "LeakyRelu",
     "Concat",  # its own output type, its inputs quantized as they are: tosa.concat rescales each to it
+    # its own output type too, so that a residual sum it reads (an int32 stream, which tosa.resize cannot
+    # take) is quantized to int8 before it: PP-OCRv4's FPN upsamples its sums
+    "Resize",
 )
 
 
