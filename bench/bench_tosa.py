@@ -6,9 +6,12 @@ for bit against requant's interpreter on the first samples, and measure quality 
 and KL with the float model on the evaluation samples, through the interpreter; requant's default
 ONNX Runtime output beside it) and latency (batch 1, 2 threads: the float model with batch norm
 folded in ONNX Runtime, requant's ONNX Runtime output and the IREE module, interleaved in one
-process: alternating blocks, medians).
+process: alternating blocks, medians). Quality is ``bench_quantize.quality``'s for the model: top-1
+agreement, top-5 overlap and KL for the classifiers, text IoU and SQNR for PP-OCRv4's detector
+(``ocrdet``: full 736x992 photos; the interpreter takes seconds a photo there).
 
     .venv/bin/python bench/bench_tosa.py --models digits,mobilenet_v2,efficientnet_lite0 --eval 100
+    .venv/bin/python bench/bench_tosa.py --models ocrdet --calib 32 --eval 8
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import requant  # noqa: E402
-from bench_quantize import export  # noqa: E402
+from bench_quantize import export, quality  # noqa: E402
 from requant.backends.tosa_reference import run_tosa  # noqa: E402
 from requant.backends.tosa_tools import IreeModule, compile_iree, validate_tosa  # noqa: E402
 from requant.frontends import load_onnx, save_onnx  # noqa: E402
@@ -46,12 +49,8 @@ class _Iree:
         return self.module.run(self.quantize(feeds))
 
 
-def _kl(f: np.ndarray, q: np.ndarray) -> float:
-    p = np.exp(f - f.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    r = np.exp(q - q.max(1, keepdims=True))
-    r /= r.sum(1, keepdims=True)
-    return float(np.mean(np.sum(p * (np.log(p + 1e-12) - np.log(r + 1e-12)), 1)))
+def _metrics(measured: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in measured.items())
 
 
 def one(name: str, folder: Path, calib_count: int, eval_count: int, rounds: int) -> dict[str, Any]:
@@ -97,8 +96,8 @@ def one(name: str, folder: Path, calib_count: int, eval_count: int, rounds: int)
         "iree_compile_seconds": compile_seconds,
         "iree_mismatches_first_8": mismatches,
         "evaluation_samples": len(evaluation),
-        "tosa": {"top1": float(np.mean(t.argmax(1) == f.argmax(1))), "kl": _kl(f, t)},
-        "onnxruntime": {"top1": float(np.mean(d.argmax(1) == f.argmax(1))), "kl": _kl(f, d)},
+        "tosa": quality(name, f, t, None),
+        "onnxruntime": quality(name, f, d, None),
         "latency_ms": {"float": times[0], "onnxruntime_int8": times[1], "iree_tosa": times[2]},
     }
 
@@ -116,8 +115,7 @@ def main() -> None:
         for name in args.models.split(","):
             r = results[name] = one(name, Path(folder), args.calib, args.eval, args.rounds)
             lat = r["latency_ms"]
-            print(f"{name}: TOSA top-1 {r['tosa']['top1']:.4f} KL {r['tosa']['kl']:.4f} | ONNX Runtime int8 "
-                  f"{r['onnxruntime']['top1']:.4f} KL {r['onnxruntime']['kl']:.4f} | IREE mismatches "
+            print(f"{name}: TOSA {_metrics(r['tosa'])} | ONNX Runtime int8 {_metrics(r['onnxruntime'])} | IREE mismatches "
                   f"{r['iree_mismatches_first_8']} | ms float {lat['float']:.3f}, ORT int8 {lat['onnxruntime_int8']:.3f} "
                   f"({lat['onnxruntime_int8'] / lat['float']:.2f}x), IREE {lat['iree_tosa']:.3f} "
                   f"({lat['iree_tosa'] / lat['float']:.2f}x) | quantize {r['quantize_seconds']:.1f} s, "
