@@ -800,12 +800,13 @@ class _Lowering:
         """A sum of two tensors, int8 or int32 streams, on a common int32 scale. Rounded to int8 when
         one QuantizeLinear is all that reads it; otherwise (a residual connection, which requant
         keeps float on ONNX Runtime) it stays an int32 stream: each QuantizeLinear reading it gets
-        its own rescale to int8, and the next sum reads the stream."""
+        its own rescale to int8, and the next sum reads the stream. A tensor plus a constant:
+        :meth:`add_constant`."""
         values = [v for v in node.inputs[:2] if v is not None]
         fixed = [_constant_value(v, node) for v in values]
-        if any(c is not None for c in fixed):  # x + a float constant (a HardSwish written out: x + 3)
-            self.add_constant(node, *(  # the tensor, then the constant
-                (values[1], fixed[0]) if fixed[0] is not None else (values[0], fixed[1])))  # fmt: skip
+        if any(c is not None for c in fixed):
+            tensor, addend = (values[1], fixed[0]) if fixed[0] is not None else (values[0], fixed[1])
+            self.add_constant(node, tensor, addend)
             return
         a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in values)
         if a.shape != b.shape or a.nhwc != b.nhwc:  # one layout for both (a square map hides the difference)
