@@ -1144,7 +1144,9 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
         kernels = {k: v for k, v in tosa["ops"].items() if k in TOSA_ACCUMULATORS}
         check = tosa["against_qdq"]
         lines.append(
-            f"TOSA: {sum(tosa['ops'].values())} ops ({', '.join(f'{k} x{v}' for k, v in kernels.items())}), "
+            f"TOSA: {sum(tosa['ops'].values())} ops ({', '.join(f'{k} x{v}' for k, v in kernels.items())}) for "
+            + ", ".join(f"{e['name']} {'x'.join(str(d) for d in e['shape'])}" for e in tosa["inputs"])
+            + ", "
             f"{len(tosa['rescales'])} rescales ({tosa['rounding']}); against the QDQ model in ONNX Runtime: at most "
             f"{check['largest_difference_steps']:.3g} output steps apart ({check['share_over_2_steps']:.2%} of the "
             f"values more than 2) on {check['samples']} samples"
