@@ -1167,8 +1167,13 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
                 "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni keeps full-range int8 weights "
                 "(exact there, and more accurate; on CPUs without VNNI they can saturate)"
             )
+    checked = lint_result.text()
+    if report.get("tosa"):  # lint reads the QDQ twin, not the TOSA program (int32 accumulators: nothing saturates)
+        checked = "the QDQ twin (-o model.onnx), as ONNX Runtime would run it:\n" + "\n".join(
+            f"  {line}" for line in checked.splitlines()
+        )
     lines += [
-        lint_result.text(),
+        checked,
         f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
         f"({size['quantized'] / size['float']:.2f}x)",
     ]
