@@ -330,10 +330,12 @@ class _Lowering:
         self.kernel_output(node, acc, shape, scales, True)
 
     def conv_transpose(self, node: ir.Node) -> None:
-        """A 2-d ConvTranspose of one group as ``tosa.transpose_conv2d``: input row ``iy`` times kernel row
-        ``ky`` adds to output row ``iy * stride + ky + out_pad_top``, so TOSA's ``out_pad`` is ONNX's pads
-        negated (``output_padding`` added at the bottom and right), and the weight ``[I, O, KH, KW]``
-        becomes ``[O, KH, KW, I]``."""
+        """A 2-d ConvTranspose as ``tosa.transpose_conv2d``: input row ``iy`` times kernel row ``ky`` adds
+        to output row ``iy * stride + ky + out_pad_top``, so TOSA's ``out_pad`` is ONNX's pads negated
+        (``output_padding`` added at the bottom and right), and the weight ``[I, O, KH, KW]`` becomes
+        ``[O, KH, KW, I]``. TOSA's has no groups: a grouped one is one ``tosa.transpose_conv2d`` per
+        group, on its slice of the input channels, concatenated in int32 (its weight's per-channel
+        scales, on axis 1, are one group's output channels: every group reads them)."""
         x = self.nhwc(self.source(node.inputs[0], node))
         w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
         bias = _dequantized_constant(node.inputs[2], node)[0] if len(node.inputs) > 2 else None
@@ -343,16 +345,27 @@ class _Lowering:
                             f"tosa.transpose_conv2d has {why or 'int8 weights of zero point 0'}")  # fmt: skip
         top, left, bottom, right = node.attributes.get_ints("pads", [0, 0, 0, 0])
         extra_h, extra_w = node.attributes.get_ints("output_padding", [0, 0])
-        out_c = w.shape[1]
+        group = node.attributes.get_int("group", 1)
         n, c, h, wd = self.shape_of(node.outputs[0])
         shape = (n, h, wd, c)
-        bias_q = bias.astype(np.int32) if bias is not None else np.zeros(out_c, np.int32)
-        weight = self.const(w.transpose(1, 2, 3, 0), "i8")  # IOHW -> OHWI
+        bias_q = bias.astype(np.int32) if bias is not None else np.zeros(c, np.int32)
         zps = [self.zero_point(x.zero_point), self.zero_point(0)]
-        acc = self.add("transpose_conv2d", [x.name, weight, self.const(bias_q, "i32"), *zps], shape, "i32",
-                       out_pad=[-top, extra_h - bottom, -left, extra_w - right],
-                       stride=list(node.attributes.get_ints("strides", [1, 1])), node=_name(node))  # fmt: skip
-        scales = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (out_c,)) * x.scale
+        inputs, outputs = w.shape[0] // group, w.shape[1]  # per group
+        attrs = {"out_pad": [-top, extra_h - bottom, -left, extra_w - right],
+                 "stride": list(node.attributes.get_ints("strides", [1, 1])), "node": _name(node)}  # fmt: skip
+        parts = []
+        for g in range(group):
+            part = x
+            if group > 1:
+                size = [*x.shape[:3], inputs]
+                part = _Tensor(self.add("slice", [x.name], tuple(size), "i8", start=[0, 0, 0, g * inputs], size=size),
+                               tuple(size), x.scale, x.zero_point, True)  # fmt: skip
+            weight = self.const(w[g * inputs : (g + 1) * inputs].transpose(1, 2, 3, 0), "i8")  # IOHW -> OHWI
+            biases = self.const(bias_q[g * outputs : (g + 1) * outputs], "i32")
+            parts.append(self.add("transpose_conv2d", [part.name, weight, biases, *zps], (n, h, wd, outputs), "i32",
+                                  **attrs))  # fmt: skip
+        acc = parts[0] if group == 1 else self.add("concat", parts, shape, "i32", axis=3)
+        scales = np.resize(np.asarray(w_scale, np.float64).reshape(-1), c) * x.scale  # repeated for every group
         self.kernel_output(node, acc, shape, scales, True)
 
     def gemm(self, node: ir.Node) -> None:

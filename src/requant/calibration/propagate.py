@@ -143,6 +143,10 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
             scale = scale * _scales(t)
         data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
         if data is not None:
+            if scale.size not in (1, data.size) and data.size % scale.size == 0:
+                # a grouped ConvTranspose: its weight's axis 1 holds the output channels of one group, the
+                # bias those of all (output channel c reads scale c mod the group's channels)
+                scale = np.tile(scale, data.size // scale.size)
             scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
             weight_name = r.sources[-1]
             weight = sources[-1]

@@ -6,7 +6,7 @@ times the weight scale, and int32 accumulators brought back to int8 by ``tosa.re
 op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
 residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
-(2-d, and depthwise), ``ConvTranspose`` (2-d, one group, no dilation), ``Gemm`` and ``MatMul``
+(2-d, and depthwise), ``ConvTranspose`` (2-d, no dilation), ``Gemm`` and ``MatMul``
 (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
@@ -96,11 +96,9 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
 
 
 def transposed_unlike_tosa(node: ir.Node) -> str:
-    """What a ConvTranspose has that ``tosa.transpose_conv2d`` has not (one group, no dilation, explicit
-    pads), or ``""``."""
+    """What a ConvTranspose has that ``tosa.transpose_conv2d`` has not (no dilation, explicit pads
+    smaller than its kernel), or ``""``; groups are lowered one ``tosa.transpose_conv2d`` each."""
     a = node.attributes
-    if a.get_int("group", 1) != 1:
-        return f"no groups (this one has {a.get_int('group', 1)})"
     if any(d != 1 for d in a.get_ints("dilations", [1, 1])):
         return f"no dilation (this one has {list(a.get_ints('dilations', []))})"
     if a.get_string("auto_pad", "NOTSET") not in ("NOTSET", "") or "output_shape" in a:
