@@ -158,7 +158,9 @@ def test_iree_computes_what_the_interpreter_computes_for_every_op(rounding: str)
     for seed in range(4):
         data = {"x": np.random.default_rng(seed).integers(-128, 128, (1, 11, 12, 5), dtype=np.int8)}
         for expected, got in zip(run_tosa(program, data, rounding), module.run([data["x"]]), strict=True):
-            assert got.dtype == np.int8 and np.array_equal(got, expected), f"seed {seed}: {np.sum(got != expected)} differ"
+            assert got.dtype == np.int8 and np.array_equal(got, expected), (
+                f"seed {seed}: {np.sum(got != expected)} differ"
+            )
             assert len(np.unique(expected)) > 3  # not all saturated: the values say something
 
 

@@ -257,6 +257,14 @@ class _Lowering:
             scale=[float(x) for x in np.atleast_1d(scales)],
         )  # fmt: skip
 
+    def retyped(self, t: _Tensor, scale: float, zp: int, why: str) -> _Tensor:
+        """The int8 tensor ``t`` on ``scale`` and ``zp``: itself where it already is, else a
+        ``tosa.rescale`` (where two quantizations meet)."""
+        if math.isclose(t.scale, scale, rel_tol=1e-6) and t.zero_point == zp:
+            return t
+        name = self.rescale(t.name, t.shape, np.array([t.scale / scale]), t.zero_point, zp, "i8", why)
+        return _Tensor(name, t.shape, scale, zp, t.nhwc)
+
     def clamp_after(self, name: str, shape: tuple[int, ...], node: ir.Node, scale: float, zp: int) -> str:
         """A Relu or Clip (``node``) on an int8 tensor of ``scale`` and ``zp``."""
         if node.op_type == "Relu":
@@ -554,12 +562,9 @@ class _Lowering:
         if mode == "linear":
             self.resize_bilinear(node)
             return
-        x = self.nhwc(self.source(node.inputs[0], node))
         _, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
-        if not math.isclose(out_scale, x.scale, rel_tol=1e-6) or out_zp != x.zero_point:  # where two types meet
-            why = f"Resize '{_name(node)}': its input to the output's scale and zero point"
-            name = self.rescale(x.name, x.shape, np.array([x.scale / out_scale]), x.zero_point, out_zp, "i8", why)
-            x = _Tensor(name, x.shape, out_scale, out_zp, True)
+        why = f"Resize '{_name(node)}': its input to the output's scale and zero point"
+        x = self.retyped(self.nhwc(self.source(node.inputs[0], node)), out_scale, out_zp, why)
         transform = node.attributes.get_string("coordinate_transformation_mode", "half_pixel")
         rounding = node.attributes.get_string("nearest_mode", "round_prefer_floor")
         n, c, oh, ow = self.shape_of(node.outputs[0])
@@ -678,10 +683,8 @@ class _Lowering:
             axis = [0, 2, 3, 1].index(axis)
         names = []
         for value, t in zip((v for v in node.inputs if v is not None), parts, strict=True):
-            same = math.isclose(t.scale, out_scale, rel_tol=1e-6) and t.zero_point == out_zp
             why = f"Concat '{_name(node)}': input '{value.name}' to the output's scale and zero point"
-            names.append(t.name if same else self.rescale(t.name, t.shape, np.array([t.scale / out_scale]),
-                                                          t.zero_point, out_zp, "i8", why))  # fmt: skip
+            names.append(self.retyped(t, out_scale, out_zp, why).name)
         shape = list(parts[0].shape)
         shape[axis] = sum(t.shape[axis] for t in parts)
         name = self.add("concat", names, tuple(shape), "i8", axis=axis)
@@ -863,7 +866,6 @@ class _Lowering:
 
     def sum_to_readers(self, node: ir.Node, total: _Tensor) -> None:
         """An int32 sum, rounded to int8 for each QuantizeLinear reading it, kept as a stream for Adds."""
-        a = total
         value = node.outputs[0]
         readers = [u.node for u in value.uses()]
         if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add") for r in readers):
@@ -875,8 +877,8 @@ class _Lowering:
         for q in (r for r in readers if r.op_type == "QuantizeLinear"):
             out_scale, out_zp = _params(q)
             why = f"Add '{_name(node)}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
-            result = self.rescale(total.name, a.shape, np.array([a.scale / out_scale]), 0, out_zp, "i32", why)
-            self.tensors[str(q.outputs[0].name)] = _Tensor(result, a.shape, out_scale, out_zp, a.nhwc)
+            result = self.rescale(total.name, total.shape, np.array([total.scale / out_scale]), 0, out_zp, "i32", why)
+            self.tensors[str(q.outputs[0].name)] = _Tensor(result, total.shape, out_scale, out_zp, total.nhwc)
 
     def rescale_to_i32(self, t: _Tensor, scale: float, why: str) -> str:
         """``t`` (int8, or an int32 stream) as int32 values of ``t.scale / scale``, its zero point removed."""

@@ -41,13 +41,18 @@ def _const(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return op.value
 
 
-def _exact_matmul(a: Array, b: Array) -> Array:
-    """``a @ b`` of integer arrays through float64 BLAS, exactly: while ``max|a| max|b| K`` is below
-    ``2**53`` every partial sum, in whatever order BLAS adds, is an integer a double holds (an int8
-    conv's are below ``2**16 K``); in int64 otherwise. (NumPy's int64 matmul has no BLAS: PP-OCRv4's
-    detector ran its convs 5x slower.)"""
-    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[-1]
-    if bound < 2.0**53:
+def _in_doubles(a: Array, b: Array, k: int) -> bool:
+    """Whether a sum of ``k`` products of values of ``a`` and ``b`` stays below ``2**53``: every partial
+    sum, in whatever order BLAS adds, is then an integer a double holds (an int8 conv's are below
+    ``2**16 k``)."""
+    return float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * k < 2.0**53
+
+
+def _exact_matmul(a: Array, b: Array, exact: bool | None = None) -> Array:
+    """``a @ b`` of integer arrays through float64 BLAS where that is exact (``exact``, or
+    :func:`_in_doubles` when not given), in int64 otherwise. (NumPy's int64 matmul has no BLAS:
+    PP-OCRv4's detector ran its convs 5x slower.)"""
+    if _in_doubles(a, b, a.shape[-1]) if exact is None else exact:
         result: Array = np.matmul(a.astype(np.float64, copy=False), b.astype(np.float64)).astype(np.int64)
         return result
     wide: Array = np.matmul(a.astype(np.int64), b.astype(np.int64))
@@ -62,9 +67,9 @@ def _window_sum(x: Array, w: Array, pad: list[int], stride: list[int], dilation:
     n, h, wd, c = x.shape
     oh = (h - (kh - 1) * dilation[0] - 1) // stride[0] + 1
     ow = (wd - (kw - 1) * dilation[1] - 1) // stride[1] + 1
-    # im2col in doubles where they hold every sum exactly (see _exact_matmul): no second copy
-    exact = float(np.abs(x).max(initial=0)) * float(np.abs(w).max(initial=0)) * kh * kw * c < 2.0**53
-    patches = np.empty((n, oh, ow, kh, kw, c), np.float64 if exact and not depthwise else np.int64)
+    # im2col in doubles where they hold every sum exactly: no second copy, nor a second pass over it
+    exact = not depthwise and _in_doubles(x, w, kh * kw * c)
+    patches = np.empty((n, oh, ow, kh, kw, c), np.float64 if exact else np.int64)
     for i in range(kh):
         for j in range(kw):
             rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0])
@@ -73,7 +78,7 @@ def _window_sum(x: Array, w: Array, pad: list[int], stride: list[int], dilation:
     if depthwise:  # out[..., c * M + m] = sum_ij patches[..., i, j, c] * w[i, j, c, m]
         out: Array = np.einsum("nhwijc,ijcm->nhwcm", patches, w).reshape(n, oh, ow, -1)
     else:
-        out = _exact_matmul(patches.reshape(-1, kh * kw * c), w.reshape(len(w), -1).T).reshape(n, oh, ow, -1)
+        out = _exact_matmul(patches.reshape(-1, kh * kw * c), w.reshape(len(w), -1).T, exact).reshape(n, oh, ow, -1)
     return out
 
 
