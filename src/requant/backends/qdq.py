@@ -291,7 +291,9 @@ def finish_qdq(model: ir.Model) -> None:
     Max, a float-output int8 MatMul with a bias becomes ONNX Runtime's MatMulIntegerToFloat with it
     (:mod:`requant.backends.matmul_to_float`), other 3-d int8 MatMuls keep their bias Add apart, and
     Muls by a positive constant between conversions fold into a scale. The same numbers, or closer
-    to float (a folded Mul's product is not rounded again)."""
+    to float (a folded Mul's product is not rounded again). The scales and zero points these
+    rewrites leave unread go (ONNX Runtime warned about each one at every load: 128 on PP-OCRv4's
+    recognizer)."""
     graph = model.graph
     for node in [n for n in graph if is_op(n, "Relu") or is_op(n, "Clip")]:
         _drop_clamp(node)
@@ -303,6 +305,8 @@ def finish_qdq(model: ir.Model) -> None:
         _keep_matmul_apart(builder, node)
     for node in [n for n in graph if is_op(n, "Mul")]:
         _fold_scalar_mul(builder, node)
+    for value in list(graph.initializers.values()):
+        drop_if_unused(graph, value)
 
 
 def _int8_matmul(node: ir.Node) -> bool:
