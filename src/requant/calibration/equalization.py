@@ -46,6 +46,7 @@ from requant.calibration.observers import MinMaxObserver, Observer
 from requant.calibration.runner import Kept, Progress, collect
 from requant.calibration.smoothing import FLOATS, channel_spread
 from requant.ir.annotations import request
+from requant.ir.provenance import set_channel_factors
 from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, weighted_layers
 from requant.ir.requests import QuantizationSpec
 from requant.targets.kernels import is_depthwise
@@ -247,6 +248,8 @@ def equalize_depthwise(
         originals[str(chain.depthwise.name)] = [(v, v.const_value) for v, _ in scaled]  # type: ignore[misc]
         for value, factors in scaled:
             _scale_rows(value, factors)
+        for value in _scaled_values(chain):
+            set_channel_factors(value, s)  # requant compare divides them out
         records.append(Equalized(*names, str(chain.input.name), int(maxima.size), int((s > 1).sum()), float(s.max()),
                                  channel_spread(maxima), channel_spread(maxima * s)))  # fmt: skip
     return Equalization(records, None, originals)
@@ -264,10 +267,19 @@ def unless_per_channel(equalization: Equalization) -> Equalization:
             continue
         for value, tensor in kept:
             value.const_value = tensor
+        conv, depthwise = (next(iter(kept[i][0].uses())).node for i in (0, -1))  # their weights' one reader
+        for scaled in (conv.outputs[0], depthwise.inputs[0]):
+            if scaled is not None:
+                set_channel_factors(scaled, None)
         why = f"weight '{per_tensor[0]}' is quantized per tensor: it cannot absorb a factor per channel"
         records.append(dataclasses.replace(record, scaled=0, largest_factor=1.0, spread_after=record.spread_before,
                                            skipped=why))  # fmt: skip
     return Equalization(records, equalization.not_applied)
+
+
+def _scaled_values(chain: _Chain) -> list[ir.Value]:
+    """The values whose channels equalization scales: the convolution's output, and the activation's."""
+    return [chain.conv.outputs[0], *([chain.activation.outputs[0]] if chain.activation is not None else [])]
 
 
 def _per_tensor(weight: ir.Value) -> bool:

@@ -1,16 +1,31 @@
-"""Where a node came from: the PyTorch module path and class a front door recorded on it, and which
+"""Where a node came from: the PyTorch module path and class a front door recorded on it, which
 float value a QuantizeLinear quantizes when its input is not that value (a clamp it makes redundant
-was dropped: ``requant.backends.qdq``)."""
+was dropped: ``requant.backends.qdq``), and by how much equalization scaled a value's channels
+(``requant.calibration.equalization``): what ``requant compare`` needs to match a requant output's
+tensors with the float model's."""
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import onnx_ir as ir
 
-__all__ = ["MODULE_CLASS_KEY", "MODULE_PATH_KEY", "QUANTIZES_KEY", "module_class", "module_path", "quantizes"]
+__all__ = [
+    "CHANNEL_FACTORS_KEY",
+    "MODULE_CLASS_KEY",
+    "MODULE_PATH_KEY",
+    "QUANTIZES_KEY",
+    "channel_factors",
+    "module_class",
+    "module_path",
+    "quantizes",
+    "set_channel_factors",
+]
 
 MODULE_PATH_KEY = "requant.module_path"
 MODULE_CLASS_KEY = "requant.module_class"
 QUANTIZES_KEY = "requant.quantizes"
+CHANNEL_FACTORS_KEY = "requant.channel_factors"  # on a value: "C;c:f,c:f" (channel count; factors other than 1)
 
 
 def module_path(node: ir.Node) -> str | None:
@@ -29,3 +44,26 @@ def quantizes(node: ir.Node) -> str:
     if recorded:
         return recorded
     return str(node.inputs[0].name) if node.inputs and node.inputs[0] is not None else ""
+
+
+def set_channel_factors(value: ir.Value, factors: npt.NDArray[np.float64] | None) -> None:
+    """Record on ``value`` that channel ``c`` (axis 1) of it is ``factors[c]`` times the float model's
+    (only the factors other than 1 are written); None forgets it."""
+    if factors is None:
+        value.metadata_props.pop(CHANNEL_FACTORS_KEY, None)
+        return
+    pairs = ",".join(f"{c}:{float(f)!r}" for c, f in enumerate(factors) if f != 1.0)
+    value.metadata_props[CHANNEL_FACTORS_KEY] = f"{len(factors)};{pairs}"
+
+
+def channel_factors(value: ir.Value) -> npt.NDArray[np.float64] | None:
+    """The factors :func:`set_channel_factors` recorded on ``value``, one per channel, or None."""
+    text = value.metadata_props.get(CHANNEL_FACTORS_KEY)
+    if not text:
+        return None
+    count, _, pairs = text.partition(";")
+    factors = np.ones(int(count), np.float64)
+    for pair in filter(None, pairs.split(",")):
+        channel, _, factor = pair.partition(":")
+        factors[int(channel)] = float(factor)
+    return factors

@@ -5,7 +5,8 @@ compute: its input is the float tensor of that name (or the value requant record
 dropped a clamp the QuantizeLinear makes redundant: :func:`requant.ir.provenance.quantizes`), or,
 when that name is not the float model's and the QuantizeLinear reads ``Mul(x, constant)`` (the
 per-channel scale of smoothing: requant's, or NNCF's SmoothQuant), the float tensor ``x`` times that
-constant. Both
+constant. A tensor whose channels requant's equalization scaled (recorded on it:
+:func:`requant.ir.provenance.channel_factors`) is divided by its factors before it is compared. Both
 models run on the same samples; the quantized one as ONNX Runtime fuses it (its int8 kernels,
 saturation included: the QuantizeLinear outputs are what the fused kernels produce), its integers
 dequantized here with the QuantizeLinear's scale and zero point. Per tensor: SQNR (float energy over error energy, dB),
@@ -29,7 +30,7 @@ import onnx_ir as ir
 from requant.calibration.data import check_exists, iter_samples
 from requant.errors import RequantError
 from requant.frontends import load_onnx
-from requant.ir.provenance import quantizes
+from requant.ir.provenance import channel_factors, quantizes
 from requant.ir.queries import constant, is_op
 from requant.report.latency import session
 
@@ -75,14 +76,15 @@ class TensorComparison:
 
 
 class _Mark(NamedTuple):
-    """A QuantizeLinear: its output, parameters, and, when it reads ``Mul(x, constant)``, that ``x``
-    and the constant (``scaled``)."""
+    """A QuantizeLinear: its output, parameters, when it reads ``Mul(x, constant)``, that ``x`` and the
+    constant (``scaled``), and the factors equalization scaled its input's channels by (``factors``)."""
 
     output: str
     scale: np.ndarray
     zero: np.ndarray
     axis: int | None
     scaled: tuple[str, np.ndarray] | None = None
+    factors: np.ndarray | None = None
 
 
 def _scaled(value: ir.Value) -> tuple[str, np.ndarray] | None:
@@ -110,7 +112,8 @@ def _quantized_tensors(model: ir.Model) -> dict[str, _Mark]:
         axis = node.attributes.get("axis")
         zero_point = zero if zero is not None else np.zeros_like(scale, dtype=np.uint8)
         on_axis = axis.as_int() if axis is not None else None
-        mark = _Mark(str(node.outputs[0].name), scale, zero_point, on_axis, _scaled(node.inputs[0]))
+        factors = channel_factors(node.inputs[0])
+        mark = _Mark(str(node.outputs[0].name), scale, zero_point, on_axis, _scaled(node.inputs[0]), factors)
         found.setdefault(quantizes(node), mark)
     return found
 
@@ -194,7 +197,10 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
             mark = marks[name]
             smoothed = mark.scaled is not None and mark.scaled[0] == name
             expected = f[name] * mark.scaled[1] if smoothed else f[name]  # type: ignore[index]
-            results[name].update(expected, _dequantize(np.asarray(stored), mark.scale, mark.zero, mark.axis))
+            got = _dequantize(np.asarray(stored), mark.scale, mark.zero, mark.axis)
+            if mark.factors is not None and got.ndim > 1 and got.shape[1] == mark.factors.size:
+                got = got / mark.factors.reshape((-1,) + (1,) * (got.ndim - 2))  # equalization's, undone
+            results[name].update(expected, got)
     for result in results.values():
         result.finish()
     for name, sources in _sources(reference, set(common)).items():
@@ -211,6 +217,8 @@ def _describe(mark: _Mark, name: str) -> str:
         f"{zero.dtype}, {scale.size} scales on axis {mark.axis}")  # fmt: skip
     if mark.scaled is not None and mark.scaled[0] == name:
         text += f", times {mark.scaled[1].size} per-channel factors (smoothed)"
+    if mark.factors is not None:
+        text += f", {int((mark.factors != 1).sum())} of {mark.factors.size} channels scaled up (equalized)"
     return text
 
 
