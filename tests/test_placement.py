@@ -203,3 +203,39 @@ def test_each_onnx_runtime_target_prices_with_its_own_cpus_costs() -> None:
     # measured: AVX-512's conversions cost a third of AVX2's per element; the QLinear ops the same
     assert vnni.quantize.ns_per_element < avx2.quantize.ns_per_element / 2
     assert get_target("tosa-int8").costs is None  # integer-only: nothing runs in float between kernels
+
+
+KEPT_FLOAT_BEHIND_A_TRANSPOSE = """<ir_version: 10, opset_import: ["" : 17]>
+g (float[N,4,8,8] x) => (float[N,4,8,8] out) {
+    w1 = Constant <value = float[4,4,3,3] {%s}> ()
+    w2 = Constant <value = float[4,4,1,1] {%s}> ()
+    c1 = Conv <pads = [1,1,1,1]> (x, w1)
+    r = Relu (c1)
+    t = Transpose <perm = [0, 1, 3, 2]> (r)
+    [conv2] c2 = Conv (t, w2)
+    y = Relu (c2)
+    out = Conv <pads = [1,1,1,1]> (y, w1)
+}"""
+
+
+def test_a_kernel_kept_float_behind_a_transpose_stays_float_in_onnx_runtime() -> None:
+    """``int8 conv -> Transpose -> conv2 (kept float) -> int8 conv``: ONNX Runtime moves the
+    DequantizeLinear before the Transpose past it, then quantizes conv2's float weight itself (per
+    tensor, full range: its int16 pairs can saturate without VNNI) and fuses a QLinearConv. requant's
+    output keeps it from that: conv2 runs on its float weights, as the graph says."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=144), rng.normal(size=16) * np.array([1, 1, 1, 8] * 4)
+    text = KEPT_FLOAT_BEHIND_A_TRANSPOSE % (", ".join(f"{v:.4f}" for v in w1), ", ".join(f"{v:.4f}" for v in w2))
+    x = rng.uniform(0, 1, (16, 4, 8, 8)).astype(np.float32)
+    kept = Quantizer().set_global_by_model().with_float_nodes(["conv2"], FLOAT_KERNEL)
+    result = requant.quantize(parser.parse_model(text), [{"x": s[None]} for s in x], quantizer=kept, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QLinearConv": 2}  # conv2 is not one (it was)
+    proto = ir.to_proto(result.model).SerializeToString()
+    as_written = ort.SessionOptions()
+    as_written.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    fused = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    written = ort.InferenceSession(proto, as_written, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # measured: the same bits (with conv2 fused on ONNX Runtime's per-tensor weights: 3 output steps apart)
+    np.testing.assert_array_equal(fused, written)

@@ -150,3 +150,27 @@ def test_a_pool_after_a_folded_mul_takes_the_folded_scale_too() -> None:
     folded = next(line.split(":")[0].strip() for line in printed.splitlines() if "initializer dense<0.125>" in line)
     zero = "%t_zero_point"  # the integers read are t's: its zero point too
     assert printed.count(f"{folded}, {zero})") == 3, printed  # the DQ before the pool, the pool's Q and DQ
+
+
+def test_a_float_conv_a_dequantize_reaches_through_a_transpose_gets_a_dequantize_on_an_axis() -> None:
+    """ONNX Runtime would move the per-tensor DequantizeLinear past the Transpose and then quantize the
+    Conv's float weight itself; one scale per channel (the same one) is out of reach of both."""
+    printed = _qdq(
+        """g (float[N,4,2,2] x) => (float[N,3,2,2] y) <float[3,4,1,1] w = {1.,2.,3.,4.,5.,6.,7.,8.,9.,10.,11.,12.}> {
+          t = Transpose <perm = [0, 1, 3, 2]> (x)
+          y = Conv (t, w)
+        }""",
+        {"x": "!quant.uniform<u8:f32, 0.5:128>", "y": "!quant.uniform<u8:f32, 0.25>"},
+    )
+    body = [line.split(" loc(")[0].strip() for line in printed.splitlines() if " = " in line]
+    assert body[5:] == [
+        "%x_quantized_scale_on_axis: tensor<4xf32> = initializer dense<[0.5, 0.5, 0.5, 0.5]>",
+        "%x_quantized_zero_point_on_axis: tensor<4xu8> = initializer dense<[128, 128, 128, 128]>",
+        "%x_quantized: tensor<Nx4x2x2x!quant.uniform<u8:f32, 5.000000e-01:128>> = QuantizeLinear(%x, %x_scale, %x_zero_point)",
+        "%x_dq_for_float: tensor<Nx4x2x2xf32> = DequantizeLinear(%x_quantized, %x_quantized_scale_on_axis, "
+        "%x_quantized_zero_point_on_axis) {axis = 1}",
+        "%t: ? = Transpose(%x_dq_for_float) {perm = [0, 1, 3, 2]}",
+        "%y_float: tensor<Nx3x2x2x!quant.uniform<u8:f32, 2.500000e-01>> = Conv(%t, %w)",
+        "%y_quantized: tensor<Nx3x2x2x!quant.uniform<u8:f32, 2.500000e-01>> = QuantizeLinear(%y_float, %y_scale, %y_zero_point)",
+        "%y: tensor<Nx3x2x2xf32> = DequantizeLinear(%y_quantized, %y_scale, %y_zero_point)",
+    ]
