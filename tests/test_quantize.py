@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 import requant.api
@@ -913,3 +914,35 @@ def test_a_focus_stem_slices_bytes_and_computes_the_same(monkeypatch: pytest.Mon
     y_after, readers_after = run(after.model)
     assert all(r in ("input", "Slice") for r in readers_after)  # floats: the input and float Slices
     assert np.array_equal(y, y_after)
+
+
+SEQUENCE = """<ir_version: 10, opset_import: ["" : 21]>
+g (float[N, 6, 4] x) => (float[N, 6, 5] y) <float[4, 5] w = {0.9, -0.2, 0.4, 0.1, -0.5, 0.3, 0.8, -0.6, 0.2, 0.05,
+    -0.4, 0.1, 0.7, -0.3, 0.6, 0.2, -0.7, 0.05, 0.9, -0.1}> {
+  y = MatMul (x, w)
+}"""
+
+
+def test_a_sequence_output_agrees_position_by_position() -> None:
+    """A ``[N, T, classes]`` output (a CTC recognizer's, a token classifier's) predicts a class at each
+    of its T positions: top-1 agreement and accuracy count positions, not the argmax of a whole sample."""
+    import onnx
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(40, 6, 4)).astype(np.float32)
+    proto = onnx.parser.parse_model(SEQUENCE)
+    float_y = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    labels = float_y.argmax(-1)
+    labels[:, 0] = (labels[:, 0] + 1) % 5  # the first position's label is never the float model's
+    result = requant.api.quantize(proto, {"x": x[:20]}, eval_data={"x": x, "labels": labels}, measure=False)
+    int8_y = ort.InferenceSession(
+        ir.to_proto(result.model).SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})[0]
+    ev = result.report["evaluation"]
+    assert ev["samples"] == 40  # of 6 positions each
+    assert ev["top1_agreement"] == pytest.approx(np.mean(float_y.argmax(-1) == int8_y.argmax(-1)))
+    assert ev["float_accuracy"] == pytest.approx(5 / 6)
+    assert ev["int8_accuracy"] == pytest.approx(np.mean(int8_y.argmax(-1) == labels))
+    with pytest.raises(CalibrationError, match="240 predictions .* 40 labels"):
+        requant.api.quantize(proto, {"x": x[:20]}, eval_data={"x": x, "labels": labels[:, 0]}, measure=False)

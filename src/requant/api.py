@@ -409,6 +409,15 @@ class _Reference:
         self.proto = self.session = None
 
 
+def _predictions(output: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+    """The top-1 classes of a first output: one per sample, or, for a ``[N, T, classes]`` output (a
+    sequence: a CTC text recognizer's, a token classifier's), one per position (the argmax of a
+    whole ``[T, classes]`` sample says nothing: PP-OCRv4's recognizer's is one of 40 x 6,625)."""
+    array = np.asarray(output)
+    rows = array.reshape(-1, array.shape[-1]) if array.ndim == 3 else array.reshape(len(array), -1)
+    return rows.argmax(1)  # type: ignore[no-any-return]
+
+
 def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any) -> dict[str, float]:
     """Top-1 agreement (and accuracy, with labels), cosine similarity and SQNR of the first output,
     a sample at a time (a 736x992 probability map's worth of float64 copies is not kept)."""
@@ -427,19 +436,22 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
         q2 = q.reshape(len(q), -1).astype(np.float64)
         norms = np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12
         cosines.append(np.einsum("ij,ij->i", f2, q2) / norms)
-        tops_f.append(f2.argmax(1))
-        tops_q.append(q2.argmax(1))
+        tops_f.append(_predictions(outs_f[-1]))
+        tops_q.append(_predictions(q))
         energy += float(np.einsum("ij,ij->", f2, f2))
         noise += float(np.einsum("ij,ij->", f2 - q2, f2 - q2))
     reference.outputs = outs_f
     top_f, top_q = np.concatenate(tops_f), np.concatenate(tops_q)
-    if labels is not None and len(labels) != len(top_f):
-        raise CalibrationError(
-            f"the evaluation data has {len(top_f)} samples (first output rows) but {len(labels)} labels: "
-            "'labels' needs one class index per sample"
-        )
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        if len(labels) != len(top_f):
+            raise CalibrationError(
+                f"the evaluation data has {len(top_f)} predictions (first output rows; a [N, T, classes] output "
+                f"predicts at each of its T positions) but {len(labels)} labels: 'labels' needs one class index per "
+                "prediction"
+            )
     metrics = {
-        "samples": float(len(top_f)),
+        "samples": float(sum(len(o) for o in outs_f)),
         "top1_agreement": float(np.mean(top_f == top_q)),
         "cosine_similarity": float(np.mean(np.concatenate(cosines))),
         "sqnr_db": float(10 * np.log10(energy / noise)) if noise > 0 else float("inf"),
