@@ -48,7 +48,13 @@ drawn on them, resized to 736x992 (rapidocr sizes the short side to 736) and nor
 does. Its quality is the agreement of the text pixels with the float model's (IoU of the probability
 maps binarized at rapidocr's 0.3) and the SQNR of the maps.
 
-    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn,det,ocrdet]
+"ocrrec" is a real text-line recognizer: PP-OCRv4's (``ch_PP-OCRv4_rec_infer.onnx`` from the same package: a
+PP-LCNetV3 backbone with written-out HardSwish and learnable affine blocks, an SVTR neck of two attention
+blocks with decomposed LayerNorm, a 6,625-way CTC head over 40 positions), on 48x320 strips of bench photos with
+8-16 characters of docstring text drawn on them. Its quality is the agreement of the greedy CTC decodings with
+the float model's (the same text) and the cosine of the outputs.
+
+    .venv/bin/python bench/bench_quantize.py [--models digits,mobilenet_v2,efficientnet_lite0,minilm,crnn,det,ocrdet,ocrrec]
                                              [--calib 200] [--eval 300] [--rounds 40] [--json FILE]
 """
 
@@ -216,6 +222,38 @@ def text_photos(count: int, seed: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def text_lines(count: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """Lines of text for PP-OCRv4's recognizer, the same every run: 8-16 characters of standard-library
+    docstring text (the ``captcha`` package's fonts) on a strip of a bench photo, toned down or lightened so
+    the text stays readable, 48x320, normalized as rapidocr does: ``[count, 3, 48, 320]``, their text."""
+    import captcha
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    pictures = [Image.fromarray(p) for p in photos()]
+    fonts = sorted((Path(captcha.__file__).parent / "data").glob("*.ttf"))
+    lines = sentences(300)
+    out, texts = [], []
+    for _ in range(count):
+        picture = pictures[rng.integers(len(pictures))]
+        w, h = int(picture.width * rng.uniform(0.3, 0.6)), int(picture.height * rng.uniform(0.08, 0.15))
+        left, top = rng.integers(0, picture.width - w + 1), rng.integers(0, picture.height - h + 1)
+        strip = np.asarray(picture.crop((left, top, left + w, top + h)).convert("RGB").resize((320, 48)), np.float32)
+        strip = strip * 0.4 + (153.0 if rng.uniform() < 0.5 else 0.0)
+        image = Image.fromarray(strip.clip(0, 255).astype(np.uint8))
+        font = ImageFont.truetype(str(fonts[rng.integers(len(fonts))]), int(rng.integers(26, 34)))
+        text = lines[rng.integers(len(lines))]
+        start = int(rng.integers(0, max(1, len(text) - 16)))
+        text = text[start : start + int(rng.integers(8, 17))]
+        colour = rng.integers(0, 70, 3) if strip.mean() > 110 else rng.integers(190, 256, 3)
+        at = (int(rng.integers(2, 20)), int(rng.integers(2, 8)))
+        ImageDraw.Draw(image).text(at, text, font=font, fill=tuple(int(v) for v in colour))
+        rgb = np.asarray(image, np.float32) / 255.0
+        out.append(((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None, None])
+        texts.append(text)
+    return np.concatenate(out), texts
+
+
 def ctc_texts(outputs: np.ndarray, classes: int, charset: list[str] | None = None) -> list[Any]:
     """Greedy CTC decoding of each sample's ``[T, 1, classes]`` output (flattened): index tuples, or text."""
     decoded = []
@@ -234,6 +272,15 @@ def ddddocr_charset() -> list[str]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CHARSET_BETA":
             return list(ast.literal_eval(node.value))
     raise SystemExit("ddddocr's charsets.py has no CHARSET_BETA")
+
+
+def rapidocr_charset() -> list[str]:
+    """PP-OCRv4's recognizer's classes: CTC's blank, the characters its ONNX file lists, a space."""
+    import onnx
+
+    model = onnx.load(str(rapidocr_file("models/ch_PP-OCRv4_rec_infer.onnx")), load_external_data=False)
+    listed = next(p.value for p in model.metadata_props if p.key == "character")
+    return ["", *listed.split("\n"), " "]
 
 
 def detector_images(count: int, seed: int) -> np.ndarray:
@@ -346,6 +393,15 @@ def export(
     if name == "ocrdet":
         samples = [{"x": image} for image in text_photos(calib + evaluation, seed=0)]
         return rapidocr_file("models/ch_PP-OCRv4_det_infer.onnx"), samples[:calib], samples[calib:], None
+    if name == "ocrrec":
+        images, texts = text_lines(calib + evaluation, seed=0)
+        samples = [{"x": image} for image in images]
+        return (
+            rapidocr_file("models/ch_PP-OCRv4_rec_infer.onnx"),
+            samples[:calib],
+            samples[calib:],
+            np.array(texts[calib:]),
+        )
     if name == "minilm":
         from tests.models.minilm import make_minilm, tokenize
 
@@ -472,15 +528,17 @@ def interleaved_latency(paths: list[Path], sample: dict[str, np.ndarray], rounds
 
 
 def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:
-    if name == "crnn":
-        classes = 8210
+    if name in ("crnn", "ocrrec"):
+        classes = 8210 if name == "crnn" else 6625
         cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
         agree = np.mean([a == b for a, b in zip(ctc_texts(f, classes), ctc_texts(q, classes), strict=True)])
         out = {"sequence_agreement": float(agree), "cosine": float(cos.mean())}
-        if labels is not None:
-            charset = ddddocr_charset()
-            out["accuracy"] = float(np.mean(np.array(ctc_texts(q, classes, charset)) == labels))
-            out["float_accuracy"] = float(np.mean(np.array(ctc_texts(f, classes, charset)) == labels))
+        if labels is not None:  # against the drawn text, case (and for ocrrec spaces) ignored
+            charset = ddddocr_charset() if name == "crnn" else rapidocr_charset()
+            truth = np.array([str(t).lower().replace(" ", "") if name == "ocrrec" else t for t in labels])
+            for key, out_ in (("accuracy", q), ("float_accuracy", f)):
+                read = [t.replace(" ", "") if name == "ocrrec" else t for t in ctc_texts(out_, classes, charset)]
+                out[key] = float(np.mean(np.array(read) == truth))
         return out
     if name == "minilm":
         cos = np.sum(f * q, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(q, axis=1))
@@ -642,6 +700,7 @@ def report(name: str, result: dict[str, Any]) -> None:
         "minilm": "cosine",
         "digits": "accuracy",
         "crnn": "sequence_agreement",
+        "ocrrec": "sequence_agreement",
         "det": "detection_f1",
         "ocrdet": "text_iou",
     }.get(name, "top1_agreement")
@@ -666,6 +725,8 @@ def report(name: str, result: dict[str, Any]) -> None:
             continue
         extra = f"{r.get('top5_overlap', 0):.3f}/{r.get('kl', 0):.4f}" if "kl" in r else ""
         if name == "crnn":  # accuracy against the drawn text / cosine
+            extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
+        if name == "ocrrec":  # accuracy against the drawn text / cosine (the float model's accuracy: in the JSON)
             extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
         if name in ("det", "ocrdet"):  # SQNR of the raw outputs
             extra = f"{r['sqnr_db']:.1f} dB"
