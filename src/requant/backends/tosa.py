@@ -177,7 +177,7 @@ class _Lowering:
 
     def const(self, array: Array, dtype: str) -> str:
         """A constant; the same values twice are one op."""
-        array = np.ascontiguousarray(array, {"i8": np.int8, "i32": np.int32}[dtype])
+        array = np.ascontiguousarray(array, {"i8": np.int8, "i16": np.int16, "i32": np.int32}[dtype])
         key = (dtype, array.shape, array.tobytes())
         if key not in self.constants:
             self.constants[key] = self.add("const", [], array.shape, dtype, value=array)
@@ -241,19 +241,19 @@ class _Lowering:
         )
 
     def rescale(self, name: str, shape: tuple[int, ...], scales: Array, input_zp: int, output_zp: int,
-                dtype_in: str, why: str) -> str:  # fmt: skip
-        """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to int8; ``why``
-        it is there, for the report. A channel of a scale below ``2**-32`` (a dead channel, its weights
-        all zero) gets the multiplier 0 (and the shift 62, which takes any int32): no int32 value
-        reaches half a step of its output, so it is the zero point either way (TOSA's shift stops at
-        62, for scales from ``2**-32``)."""
+                dtype_in: str, why: str, dtype_out: str = "i8") -> str:  # fmt: skip
+        """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to ``dtype_out``
+        (int8; int16 and int32 with a zero point of 0); ``why`` it is there, for the report. A channel
+        of a scale below ``2**-32`` (a dead channel, its weights all zero) gets the multiplier 0 (and
+        the shift 62, which takes any int32): no int32 value reaches half a step of its output, so it
+        is the zero point either way (TOSA's shift stops at 62, for scales from ``2**-32``)."""
         pairs = [multiplier_shift(float(s)) if s >= 2.0**-32 else (0, 62) for s in np.atleast_1d(scales)]
         multipliers = self.const(np.array([m for m, _ in pairs]), "i32")
         shifts = self.const(np.array([s for _, s in pairs]), "i8")
         return self.add(
             "rescale",
-            [name, multipliers, shifts, self.zero_point(input_zp, dtype_in), self.zero_point(output_zp)],
-            shape, "i8", per_channel=len(pairs) > 1, scale32=True, why=why,
+            [name, multipliers, shifts, self.zero_point(input_zp, dtype_in), self.zero_point(output_zp, dtype_out)],
+            shape, dtype_out, per_channel=len(pairs) > 1, scale32=True, why=why,
             scale=[float(x) for x in np.atleast_1d(scales)],
         )  # fmt: skip
 
@@ -779,6 +779,49 @@ class _Lowering:
         name = self.add("table", [x.name, self.const(values, "i8")], x.shape, "i8")
         self.tensors[str(q.outputs[0].name)] = _Tensor(name, x.shape, out_scale, out_zp, x.nhwc)
 
+    def softmax(self, node: ir.Node) -> None:
+        """Softmax of int8 values along an axis, in integers (TOSA 1.0's int profile, no int16). With
+        ``d = q - max(q)`` (in ``[-255, 0]``: the zero point gone), ``E(d) = T exp(scale d)`` (``T`` <
+        ``2**21``) is three int8 ``tosa.table`` lookups of ``d + 127``, 7 bits of ``E`` each, put together
+        by rescales (``* 2**14``, ``* 2**7``) and adds; its row sum, shifted right by ``s`` bits, divides
+        ``2**30`` once per row (``tosa.intdiv``); a ``tosa.mul`` with a shift of ``8 + s`` gives each
+        value's share of its row times ``2**22``, which a rescale takes to the int8 output. ``T`` keeps
+        the row sum in int32; ``s`` balances the two truncations (the divisor's and the quotient's): a
+        share is off by about ``2**-12`` of itself at most, against an output step of ``1/256`` or more."""
+        x = self.nchw(self.source(node.inputs[0], node))
+        rank = len(x.shape)
+        opset = self.graph.opset_imports.get("", 13)
+        axis = node.attributes.get_int("axis", -1 if opset >= 13 else 1) % rank
+        if opset < 13 and axis != rank - 1:
+            raise TosaError(f"node '{_name(node)}' (Softmax): before opset 13 only the last axis is lowered")
+        n = x.shape[axis]
+        top_value = min(2**21 - 1, (2**31 - 1) // n)
+        if top_value < 2**12:
+            raise TosaError(f"node '{_name(node)}' (Softmax): {n} values along its axis leave int32 in their sum")
+        bits = math.log2(top_value)
+        shift = int(np.clip(round(bits + (math.log2(n) - 29) / 2), 0, math.floor(bits)))
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"Softmax '{_name(node)}'"
+        reduced = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+        values = self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero point removed")
+        top = self.add("reduce_max", [values], reduced, "i32", axis=axis)
+        below = self.add("sub", [values, top], x.shape, "i32")  # d, in [-255, 0]
+        index = self.rescale(below, x.shape, np.array([1.0]), 0, 127, "i32", why + ": d + 127, the tables' index")
+        exp = np.rint(top_value * np.exp(x.scale * np.arange(-255.0, 1.0))).astype(np.int64)  # E(d), d = -255..0
+        parts = []
+        for low_bit in (14, 7, 0):  # E = hi 2**14 + mid 2**7 + lo, each in [0, 127]
+            table = self.add("table", [index, self.const(exp >> low_bit & 127, "i8")], x.shape, "i8")
+            parts.append(self.rescale_to_i32(_Tensor(table, x.shape, 1.0, 0), 2.0**low_bit, why + ": 7 bits of exp"))
+        e = self.add("add", [self.add("add", parts[:2], x.shape, "i32"), parts[2]], x.shape, "i32")
+        total = self.add("reduce_sum", [e], reduced, "i32", axis=axis)
+        divisor = self.rescale(total, reduced, np.array([2.0**-shift]), 0, 0, "i32", why + ": the row sum, shifted",
+                               dtype_out="i32")  # fmt: skip
+        inverse = self.add("intdiv", [self.const(np.full((1,) * rank, 2**30), "i32"), divisor], reduced, "i32")
+        share = self.add("mul", [e, inverse, self.const(np.array([8 + shift]), "i8")], x.shape, "i32")
+        result = self.rescale(share, x.shape, np.array([2.0**-22 / out_scale]), 0, out_zp, "i32",
+                              why + ": each value's share of its row to the int8 output")  # fmt: skip
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
+
     def mul(self, node: ir.Node) -> None:
         """A product of two int8 tensors (or one and an int8 constant), broadcast as ONNX does: both
         to int32 with their zero points removed, ``tosa.mul``, rescaled to the output."""
@@ -913,15 +956,19 @@ LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, 
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
              "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
-             "Slice": _Lowering.slice_op,
+             "Slice": _Lowering.slice_op, "Softmax": _Lowering.softmax,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 
 def _params(q: ir.Node) -> tuple[float, int]:
     """A QuantizeLinear's (or DequantizeLinear's) scale and zero point, the zero point as int8 (uint8
-    shifted by -128)."""
+    shifted by -128). One scale written once per index of an axis (the QDQ backend's DequantizeLinear
+    before a float kernel, which ONNX Runtime would otherwise quantize itself) is one scale."""
     scale = constant(q.inputs[1]) if len(q.inputs) > 1 else None
     zp = constant(q.inputs[2]) if len(q.inputs) > 2 else None
+    one_scale = scale is not None and scale.size > 1 and bool((scale == scale.flat[0]).all())
+    if scale is not None and one_scale and (zp is None or bool((zp == zp.flat[0]).all())):
+        scale, zp = scale.reshape(-1)[:1], (zp.reshape(-1)[:1] if zp is not None else None)
     if scale is None or scale.size != 1:
         raise TosaError(f"QuantizeLinear '{q.name}': a constant per-tensor scale is lowered, not this one")
     zero = zp if zp is not None else np.zeros((), np.uint8)

@@ -140,8 +140,8 @@ def _rescale(op: TosaOp, args: list[Array], rounding: str) -> Array:
     if not op.attrs["per_channel"]:
         multiplier, shift = multiplier[:1], shift[:1]
     scaled = apply_scale_32(value, multiplier, shift, rounding == "double_round") + np.int64(out_zp[0])
-    limits = {"i8": (-128, 127), "i32": (-(2**31), 2**31 - 1)}[op.dtype]
-    return np.clip(scaled, *limits).astype(np.int8 if op.dtype == "i8" else np.int32)
+    limits = {"i8": (-128, 127), "i16": (-(2**15), 2**15 - 1), "i32": (-(2**31), 2**31 - 1)}[op.dtype]
+    return np.clip(scaled, *limits).astype({"i8": np.int8, "i16": np.int16, "i32": np.int32}[op.dtype])
 
 
 def _concat(op: TosaOp, args: list[Array], rounding: str) -> Array:
@@ -149,15 +149,45 @@ def _concat(op: TosaOp, args: list[Array], rounding: str) -> Array:
 
 
 def _table(op: TosaOp, args: list[Array], rounding: str) -> Array:
-    x, table = args  # int8 input: the entry at x + 128
-    return table[x.astype(np.int64) + 128]
+    x, table = args
+    if x.dtype == np.int8:  # the entry at x + 128
+        return table[x.astype(np.int64) + 128]
+    # int16 (apply_lookup_s): 513 entries, the top 9 bits of x + 32768 an index, the low 7 a fraction
+    # between it and the next entry; an int32 result with 7 fractional bits
+    value = x.astype(np.int64) + 32768
+    index, fraction = value >> 7, value & 0x7F
+    base, following = table.astype(np.int64)[index], table.astype(np.int64)[np.minimum(index + 1, 512)]
+    slope = following - base
+    if slope.size and (slope.min() < -(2**15) or slope.max() >= 2**15):
+        raise TosaError(f"table {op.output}: the slope between two entries leaves int16")
+    return _int32((base << 7) + slope * fraction, op)
 
 
 def _mul(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """TOSA's MUL: with a ``shift`` (int32 only), the int64 product rounded half up by ``shift`` bits."""
     a, b, shift = args
-    if shift[0] != 0:
-        raise TosaError(f"mul {op.output}: only shift 0 is interpreted")
-    return _int32(a.astype(np.int64) * b.astype(np.int64), op)
+    product = a.astype(np.int64) * b.astype(np.int64)
+    if int(shift[0]) > 0:
+        product = (product + (np.int64(1) << np.int64(shift[0] - 1))) >> np.int64(shift[0])
+    return _int32(product, op)
+
+
+def _sub(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    return _int32(args[0].astype(np.int64) - args[1].astype(np.int64), op)
+
+
+def _intdiv(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """TOSA's INTDIV: int32 quotients truncated toward zero (REQUIRE: no divisor is 0)."""
+    a, b = (v.astype(np.int64) for v in args)
+    if np.any(b == 0):
+        raise TosaError(f"intdiv {op.output}: a divisor is 0")
+    quotient = np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)
+    return _int32(quotient, op)
+
+
+def _reduce_max(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    result: Array = np.max(args[0], axis=op.attrs["axis"], keepdims=True)
+    return result
 
 
 def _clamp(op: TosaOp, args: list[Array], rounding: str) -> Array:
@@ -290,6 +320,9 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "avg_pool2d": _avg_pool,
     "argmax": _argmax,
     "reduce_sum": _reduce_sum,
+    "reduce_max": _reduce_max,
+    "sub": _sub,
+    "intdiv": _intdiv,
     "gather": _gather,
     "table": _table,
     "concat": _concat,

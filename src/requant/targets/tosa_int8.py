@@ -9,7 +9,7 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 (2-d, and depthwise), ``ConvTranspose`` (2-d, no dilation), ``Gemm`` and ``MatMul``
 (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
-``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``),
+``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``), ``Softmax``,
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
 ``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
 ``Gather``, and ``ArgMax`` (its indices a result of the function).
@@ -52,6 +52,7 @@ STANDALONE = (
     # its own output type too, so that a residual sum it reads (an int32 stream, which tosa.resize cannot
     # take) is quantized to int8 before it: PP-OCRv4's FPN upsamples its sums
     "Resize",
+    "Softmax",  # its own output type: tosa.table of exp (int16), a row sum, an integer division
 )
 
 
@@ -120,7 +121,7 @@ def _patterns() -> tuple[Pattern, ...]:
     chains: list[tuple[str, ...]] = [(op,) for op in PRODUCERS + STANDALONE]
     chains += [(p, a) for p in PRODUCERS for a in FOLDED_ACTIVATIONS]
     chains += [("Add", a) for a in FOLDED_ACTIVATIONS]
-    later = ("LSTM", "GRU", "RNN", "Softmax")
+    later = ("LSTM", "GRU", "RNN")
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
