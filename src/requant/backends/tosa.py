@@ -177,7 +177,7 @@ class _Lowering:
 
     def const(self, array: Array, dtype: str) -> str:
         """A constant; the same values twice are one op."""
-        array = np.ascontiguousarray(array, {"i8": np.int8, "i16": np.int16, "i32": np.int32}[dtype])
+        array = np.ascontiguousarray(array, {"i8": np.int8, "i32": np.int32}[dtype])
         key = (dtype, array.shape, array.tobytes())
         if key not in self.constants:
             self.constants[key] = self.add("const", [], array.shape, dtype, value=array)
@@ -243,7 +243,7 @@ class _Lowering:
     def rescale(self, name: str, shape: tuple[int, ...], scales: Array, input_zp: int, output_zp: int,
                 dtype_in: str, why: str, dtype_out: str = "i8") -> str:  # fmt: skip
         """``name`` (``dtype_in``) times ``scales`` (one, or one per last-axis channel) to ``dtype_out``
-        (int8; int16 and int32 with a zero point of 0); ``why`` it is there, for the report. A channel
+        (int8, or int32 with a zero point of 0); ``why`` it is there, for the report. A channel
         of a scale below ``2**-32`` (a dead channel, its weights all zero) gets the multiplier 0 (and
         the shift 62, which takes any int32): no int32 value reaches half a step of its output, so it
         is the zero point either way (TOSA's shift stops at 62, for scales from ``2**-32``)."""
