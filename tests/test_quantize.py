@@ -946,3 +946,31 @@ def test_a_sequence_output_agrees_position_by_position() -> None:
     assert ev["int8_accuracy"] == pytest.approx(np.mean(int8_y.argmax(-1) == labels))
     with pytest.raises(CalibrationError, match="240 predictions .* 40 labels"):
         requant.api.quantize(proto, {"x": x[:20]}, eval_data={"x": x, "labels": labels[:, 0]}, measure=False)
+
+
+def test_a_softmax_over_few_values_keeps_its_largest_probabilities_in_onnx_runtime() -> None:
+    """ONNX Runtime's QLinearSoftmax multiplies its largest exp by floor(1 / output scale) in float32;
+    with 4 values and a calibrated top of 0.40 (scale 0.00158) that overflows and the row's largest
+    probability came out as 0. Propagation raises the scale to 1/592 (148 x 4) and says why; the fused
+    kernel then computes what the unfused graph does, within a step of float (measured: 0.79 steps,
+    ONNX Runtime's floor(1 / scale) and exp table)."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[N,4] x) => (float[N,4] y) { y = Softmax(x) }'
+    )
+    x = (np.random.default_rng(0).normal(size=(64, 4)) * 0.2).astype(np.float32)
+    result = requant.api.quantize(proto, [{"x": s[None]} for s in x], measure=False)
+    (note,) = [p for p in result.report["propagated"] if "QLinearSoftmax" in p["why"]]
+    assert note["value"] == "y" and note["why"].startswith("scale raised from 0.00158111 to 1/592")
+    assert result.report["lint"]["int8_kernels"] == {"QLinearSoftmax": 1}
+    model = ir.to_proto(result.model).SerializeToString()
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    fused_y = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    as_written = ort.InferenceSession(model, unfused, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = np.exp(x - x.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_array_equal(fused_y, as_written)  # before: 0.40 apart, the largest of each row 0
+    assert np.abs(fused_y - expected).max() <= 1 / 592

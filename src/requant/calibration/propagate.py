@@ -16,6 +16,7 @@ stem, whose two dead channels then output 6.0 instead of 0). A bias whose input 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,41 @@ class Propagation:
     encodings: list[WeightEncoding]
 
 
+def _softmax_within_float(graph: ir.Graph, limit: float) -> list[Propagated]:
+    """Raise a fused int8 Softmax's output scale to ``1 / floor(limit D)`` where it is finer (``D``
+    values along its axis; ``KernelModel.softmax_overflow``): finer, the kernel's float product
+    overflows and the row's largest probabilities come out as the zero point. A Softmax whose axis
+    length is not static is left as it is."""
+    notes = []
+    for node in graph:
+        x, y = node.inputs[0] if node.op_type == "Softmax" else None, node.outputs[0]
+        t = quant_type(y)
+        if x is None or not isinstance(quant_type(x), UniformQuantizedType) or not isinstance(t, UniformQuantizedType):
+            continue  # not both per tensor: not a QLinearSoftmax
+        opset = graph.opset_imports.get("", 13)
+        dims = list(x.shape) if x.shape is not None else []
+        axis = node.attributes.get_int("axis", -1 if opset >= 13 else 1) % max(len(dims), 1)
+        along = dims[axis:] if opset < 13 else dims[axis : axis + 1]
+        if not dims or not all(isinstance(d, int) for d in along):
+            continue
+        count = int(np.prod(along))  # type: ignore[arg-type]
+        top = math.floor(limit * count)
+        if t.scale >= 1.0 / top:
+            continue
+        raised = with_scales(t, [1.0 / top])
+        set_quant_type(y, raised)
+        notes.append(
+            Propagated(
+                str(y.name),
+                raised,
+                f"scale raised from {t.scale:.6g} to 1/{top}: ONNX Runtime's QLinearSoftmax multiplies its largest "
+                f"exp by floor(1 / scale) in float32, which overflows beyond {limit:g} x its {count} values (the "
+                "row's largest probabilities came out as 0)",
+            )
+        )
+    return notes
+
+
 def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: EncodingMemo | None = None) -> Propagation:
     """Give every value with a fixed, shared or derived request its type; returns what was done.
 
@@ -96,6 +132,9 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
             fixed = r.quant_type(element_name(value.dtype) or "f32")
             set_quant_type(value, fixed)
             notes.append(Propagated(str(value.name), fixed, "fixed parameters"))
+
+    if kernels is not None and kernels.softmax_overflow is not None:
+        notes += _softmax_within_float(graph, kernels.softmax_overflow)
 
     def root(value: ir.Value) -> ir.Value:
         seen = {str(value.name)}

@@ -77,6 +77,9 @@ class KernelModel:
     name: str
     cpus: str  # where the model holds, for the report
     rules: tuple[KernelRule, ...]
+    # a fused int8 Softmax multiplies its largest exp by floor(1 / output scale) in float32: where that
+    # exceeds this many times the axis length, the product overflows and the output is the zero point
+    softmax_overflow: float | None = None
 
     def find(self, op_type: str, inputs: str, weights: str, depthwise: bool = False) -> KernelRule | None:
         return next((r for r in self.rules if r.matches(op_type, inputs, weights, depthwise)), None)
@@ -86,6 +89,11 @@ class KernelModel:
 
 
 _CONV, _LINEAR, _LSTM = frozenset({"Conv"}), frozenset({"Gemm", "MatMul"}), frozenset({"LSTM"})
+# ONNX Runtime 1.31's QLinearSoftmax (contrib_ops/cpu/quantization/qlinear_softmax.cc): its exp table
+# tops out at FLT_MAX / (D e**5) for D values along the axis, and each entry is multiplied by
+# floor(1 / output scale) in float32: beyond D e**5 (148.41 D) the largest ones become inf, then 0
+# (measured: a 4-value softmax whose calibrated top was 0.38 returned 0 for it from 0.00168 down)
+QLINEAR_SOFTMAX_OVERFLOW = 148.0
 
 ONNXRUNTIME_X86 = KernelModel(
     "ONNX Runtime x86-64 without VNNI",
@@ -98,6 +106,7 @@ ONNXRUNTIME_X86 = KernelModel(
         KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
         KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
     ),
+    QLINEAR_SOFTMAX_OVERFLOW,
 )
 
 ONNXRUNTIME_X86_VNNI = KernelModel(
@@ -105,6 +114,7 @@ ONNXRUNTIME_X86_VNNI = KernelModel(
     "x86-64 CPUs with AVX-VNNI, AVX512-VNNI or AMX (Intel Cascade Lake / Ice Lake / Alder Lake and later, "
     "AMD Zen 4 and later)",
     (KernelRule("uint8 x int8 (MLAS vpdpbusd)", _CONV | _LINEAR | _LSTM, INT32),),
+    QLINEAR_SOFTMAX_OVERFLOW,
 )
 
 
