@@ -944,7 +944,7 @@ def test_a_sequence_output_agrees_position_by_position() -> None:
     assert ev["top1_agreement"] == pytest.approx(np.mean(float_y.argmax(-1) == int8_y.argmax(-1)))
     assert ev["float_accuracy"] == pytest.approx(5 / 6)
     assert ev["int8_accuracy"] == pytest.approx(np.mean(int8_y.argmax(-1) == labels))
-    with pytest.raises(CalibrationError, match="240 predictions .* 40 labels"):
+    with pytest.raises(CalibrationError, match=r"240 predictions \(40 samples .* 40 labels: .* per position"):
         requant.api.quantize(proto, {"x": x[:20]}, eval_data={"x": x, "labels": labels[:, 0]}, measure=False)
 
 

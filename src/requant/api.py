@@ -442,16 +442,22 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
         noise += float(np.einsum("ij,ij->", f2 - q2, f2 - q2))
     reference.outputs = outs_f
     top_f, top_q = np.concatenate(tops_f), np.concatenate(tops_q)
+    samples = sum(len(o) for o in outs_f)
     if labels is not None:
         labels = np.asarray(labels).reshape(-1)
+        if len(labels) != len(top_f) and len(top_f) == samples:
+            raise CalibrationError(
+                f"the evaluation data has {len(top_f)} samples (first output rows) but {len(labels)} labels: "
+                "'labels' needs one class index per sample"
+            )
         if len(labels) != len(top_f):
             raise CalibrationError(
-                f"the evaluation data has {len(top_f)} predictions (first output rows; a [N, T, classes] output "
-                f"predicts at each of its T positions) but {len(labels)} labels: 'labels' needs one class index per "
-                "prediction"
+                f"the evaluation data has {len(top_f)} predictions ({samples} samples of a [N, T, classes] first "
+                f"output, one at each of its T positions) but {len(labels)} labels: 'labels' needs one class index "
+                "per position"
             )
     metrics = {
-        "samples": float(sum(len(o) for o in outs_f)),
+        "samples": float(samples),
         "top1_agreement": float(np.mean(top_f == top_q)),
         "cosine_similarity": float(np.mean(np.concatenate(cosines))),
         "sqnr_db": float(10 * np.log10(energy / noise)) if noise > 0 else float("inf"),
