@@ -292,9 +292,8 @@ def finish_qdq(model: ir.Model) -> None:
     (:mod:`requant.backends.matmul_to_float`), other 3-d int8 MatMuls keep their bias Add apart, and
     Muls by a positive constant between conversions fold into a scale, and a float kernel that ONNX
     Runtime would quantize itself is kept from it. The same numbers, or closer to float (a folded
-    Mul's product is not rounded again). The scales and zero points these
-    rewrites leave unread go (ONNX Runtime warned about each one at every load: 128 on PP-OCRv4's
-    recognizer)."""
+    Mul's product is not rounded again). The scales and zero points these rewrites leave unread go
+    (ONNX Runtime warned about each one at every load: 128 on PP-OCRv4's recognizer)."""
     graph = model.graph
     for node in [n for n in graph if is_op(n, "Relu") or is_op(n, "Clip")]:
         _drop_clamp(node)
@@ -467,7 +466,7 @@ def _keep_float_weights_float(builder: _Builder, node: ir.Node) -> None:
             return
         reader, value = producer, producer.inputs[0]
     dq = value.producer() if value is not None else None
-    if dq is None or not is_op(dq, "DequantizeLinear") or dq.attributes.get("axis") is not None:
+    if value is None or dq is None or not is_op(dq, "DequantizeLinear") or dq.attributes.get("axis") is not None:
         return
     scale = constant(dq.inputs[1]) if len(dq.inputs) > 1 else None
     zero = constant(dq.inputs[2]) if len(dq.inputs) > 2 else None
@@ -482,12 +481,12 @@ def _keep_float_weights_float(builder: _Builder, node: ir.Node) -> None:
     inputs = [stored, builder.initializer(f"{stored.name}_scale_on_axis", np.full(size, scale.reshape(-1)[0]))]
     if zero is not None:
         inputs.append(builder.initializer(f"{stored.name}_zero_point_on_axis", np.full(size, zero.reshape(-1)[0])))
-    own = builder.node("DequantizeLinear", inputs, {"axis": axis}, f"{value.name}_for_float")  # type: ignore[union-attr]
-    own.outputs[0].shape, own.outputs[0].type = value.shape, value.type  # type: ignore[union-attr]
+    own = builder.node("DequantizeLinear", inputs, {"axis": axis}, f"{value.name}_for_float")
+    own.outputs[0].shape, own.outputs[0].type = value.shape, value.type
     dq.append(own)
-    for use in [u for u in value.uses() if u.node is reader]:  # type: ignore[union-attr]
+    for use in [u for u in value.uses() if u.node is reader]:
         reader.replace_input_with(use.idx, own.outputs[0])
-    if not value.uses() and not value.is_graph_output():  # type: ignore[union-attr]
+    if not value.uses() and not value.is_graph_output():
         builder.graph.remove(dq, safe=True)
 
 
