@@ -974,3 +974,27 @@ def test_a_softmax_over_few_values_keeps_its_largest_probabilities_in_onnx_runti
     expected /= expected.sum(1, keepdims=True)
     np.testing.assert_array_equal(fused_y, as_written)  # before: 0.40 apart, the largest of each row 0
     assert np.abs(fused_y - expected).max() <= 1 / 592
+    assert result.report["lint"]["softmax_can_overflow"] == []
+
+
+def test_lint_finds_a_qlinearsoftmax_whose_largest_values_overflow() -> None:
+    """Another tool's QDQ softmax over 4 values with an output scale of 0.0015 (below 1 / (e**5 4) =
+    0.00168): ONNX Runtime returns 0 where the float softmax is largest, and lint says so; at 1/256 not."""
+    import onnx
+    import onnxruntime as ort
+
+    from requant.report.lint import lint
+
+    def softmax(out_scale: float) -> onnx.ModelProto:
+        return onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+            g (float[1,4] x) => (float[1,4] y) <float xs = {{0.01}}, uint8 xz = {{128}}, float ys = {{{out_scale!r}}},
+            uint8 yz = {{0}}> {{ q = QuantizeLinear(x, xs, xz) d = DequantizeLinear(q, xs, xz) s = Softmax(d)
+            r = QuantizeLinear(s, ys, yz) y = DequantizeLinear(r, ys, yz) }}""")
+
+    x = np.array([[0.12, -0.13, 0.64, 0.10]], np.float32)  # softmax: 0.225, 0.175, 0.379, 0.221
+    fine = softmax(0.0015).SerializeToString()
+    assert ort.InferenceSession(fine, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0][0, 2] == 0.0
+    found = lint(softmax(0.0015))
+    assert found.softmax_overflows == ["'QLinearSoftmax': output scale 0.0015 over 4 values (finer than 0.001684)"]
+    assert not found.clean and "QLinearSoftmax returning 0 for a row's largest probabilities" in found.text()
+    assert lint(softmax(1 / 256)).softmax_overflows == []

@@ -3,8 +3,10 @@
 Loads the model in ONNX Runtime's CPU provider and reads its optimized graph: which int8
 kernels it fused, which nodes stayed float between a DequantizeLinear and a QuantizeLinear,
 which QuantizeLinear -> DequantizeLinear pairs were left with nothing fused, and which
-constants are dequantized at run time. Exit status: 0, or 3 with --strict when a node stayed
-float or a pair was left (1 is an error: the model could not be read or loaded; 2 a usage error).
+constants are dequantized at run time; which uint8 x int8 kernels can saturate on CPUs without
+VNNI, and which QLinearSoftmax returns 0 for a row's largest values. Exit status: 0, or 3 with
+--strict when any of these is found (1 is an error: the model could not be read or loaded; 2 a
+usage error).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def register(commands: Any) -> None:
     sub.add_argument(
         "--strict",
         action="store_true",
-        help="exit 3 when a node stayed float (or was asked to be quantized and runs in float) or a pair was left",
+        help="exit 3 when a node stayed float (or was asked to be quantized and runs in float), a pair was left, "
+        "a kernel can saturate without VNNI, or a QLinearSoftmax overflows",
     )
     sub.set_defaults(run=run)
 

@@ -12,6 +12,7 @@ quantizes) that ONNX Runtime still runs as a float op.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,11 +56,15 @@ class LintResult:
     op_counts: dict[str, int] = field(default_factory=dict)
     weighted_kernels: int = 0  # uint8 x int8 kernels with constant weights, checked for saturation
     can_saturate: list[SaturationFinding] = field(default_factory=list)  # on x86 CPUs without VNNI
+    softmax_overflows: list[str] = field(default_factory=list)  # QLinearSoftmax whose top comes out as 0
 
     @property
     def clean(self) -> bool:
-        """Nothing stayed float that should not have, no pair was left, and no kernel can saturate."""
-        return not (self.float_between_qdq or self.qdq_pairs or self.asked_but_float or self.can_saturate)
+        """Nothing stayed float that should not have, no pair was left, and no kernel can saturate or overflow."""
+        return not (
+            self.float_between_qdq or self.qdq_pairs or self.asked_but_float or self.can_saturate
+            or self.softmax_overflows
+        )  # fmt: skip
 
     @property
     def fused(self) -> int:
@@ -79,6 +84,7 @@ class LintResult:
                 "kernels_checked": self.weighted_kernels,
                 "can_saturate": [f.__dict__ for f in self.can_saturate],
             },
+            "softmax_can_overflow": self.softmax_overflows,
         }
 
     def text(self) -> str:
@@ -104,7 +110,47 @@ class LintResult:
                 f"can saturate on x86 CPUs without VNNI (int16 pair sums): {len(self.can_saturate)} of "
                 f"{self.weighted_kernels} uint8 x int8 kernels; worst {worst.text()}"
             )
+        if self.softmax_overflows:
+            lines.append(
+                "QLinearSoftmax returning 0 for a row's largest probabilities (its float32 product of exp and "
+                f"floor(1 / output scale) overflows): {'; '.join(self.softmax_overflows)}"
+            )
         return "\n".join(lines)
+
+
+def _softmax_overflow(node: onnx.NodeProto, shapes: dict[str, list[int | None]], scales: dict[str, float]) -> str:
+    """Why ONNX Runtime's QLinearSoftmax ``node`` returns the zero point for a row's largest values, or
+    ``""``: its exp table tops out at ``FLT_MAX / (D e**5)`` and each entry is multiplied by
+    ``floor(1 / output scale)`` in float32 (``requant.targets.kernels.QLINEAR_SOFTMAX_OVERFLOW``)."""
+    scale = scales.get(node.input[3]) if len(node.input) > 3 else None
+    dims = shapes.get(node.input[0])
+    attributes = {a.name: a.i for a in node.attribute}
+    if scale is None or scale <= 0 or not dims:
+        return ""
+    opset, axis = attributes.get("opset", 13), attributes.get("axis", -1 if attributes.get("opset", 13) >= 13 else 1)
+    along = dims[axis % len(dims) :] if opset < 13 else [dims[axis % len(dims)]]
+    if any(d is None for d in along):
+        return ""
+    count = math.prod(d for d in along if d is not None)
+    if math.floor(1 / scale) <= math.exp(5) * count:
+        return ""
+    finest = 1 / (math.exp(5) * count)
+    return f"'{node.name or node.op_type}': output scale {scale:.4g} over {count} values (finer than {finest:.4g})"
+
+
+def _softmax_overflows(optimized: onnx.ModelProto) -> list[str]:
+    """The QLinearSoftmax nodes of ONNX Runtime's optimized graph that overflow (``_softmax_overflow``)."""
+    softmaxes = [n for n in optimized.graph.node if n.op_type == "QLinearSoftmax"]
+    if not softmaxes:
+        return []
+    typed = onnx.shape_inference.infer_shapes(optimized).graph  # the optimized graph keeps few shapes
+    shapes = {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in (*typed.value_info, *typed.input, *typed.output)
+    }
+    scales = {t.name: float(onnx.numpy_helper.to_array(t).reshape(-1)[0]) for t in optimized.graph.initializer
+              if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) <= 1 and math.prod(t.dims) == 1}  # fmt: skip
+    return [found for n in softmaxes if (found := _softmax_overflow(n, shapes, scales))]
 
 
 def _asked(node: onnx.NodeProto) -> bool:
@@ -152,6 +198,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     result = LintResult(op_counts=dict(Counter(n.op_type for n in graph.node)))
     result.weighted_kernels, result.can_saturate = find_saturation(graph)
     result.int8_kernels = dict(Counter(n.op_type for n in graph.node if n.op_type in INT8_KERNELS))
+    result.softmax_overflows = _softmax_overflows(optimized)
     for node in graph.node:
         label = node.name or node.op_type
         if node.op_type == "DequantizeLinear" and node.input and node.input[0] in constants:
