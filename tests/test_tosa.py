@@ -480,6 +480,26 @@ def test_a_softmax_lowers_to_what_onnx_runtime_computes() -> None:
     _iree_agrees(result, data[:4])
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_a_gelu_between_linear_layers_is_a_table(approximate: str) -> None:
+    """A transformer's feed-forward block, MatMul -> Gelu -> MatMul: the Gelu (exact, by erf, or its tanh
+    form) is a tosa.table of its 256 results; the same integers as the QDQ model in ONNX Runtime (its
+    Gelu in float between conversions), IREE bit for bit."""
+    rng = np.random.default_rng(5)
+    w1 = ", ".join(f"{v:.4f}" for v in rng.normal(size=16 * 12) * 0.5)
+    w2 = ", ".join(f"{v:.4f}" for v in rng.normal(size=12 * 8) * 0.5)
+    proto = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: ["" : 20]> g (float[1,5,16] x) => (float[1,5,8] y)
+        <float[16,12] a = {{{w1}}}, float[12,8] b = {{{w2}}}> {{
+        h = MatMul(x, a) g = Gelu <approximate = "{approximate}"> (h) y = MatMul(g, b) }}""")
+    data = [{"x": rng.normal(size=(1, 5, 16)).astype(np.float32)} for _ in range(24)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    assert [op.kind for op in result.tosa.ops if op.kind != "const"] == ["matmul", "rescale", "table", "matmul",
+                                                                          "rescale"]  # fmt: skip
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-4  # measured: 0
+    _iree_agrees(result, data[:4])
+
+
 def test_matmuls_of_weights_and_of_activations_lower_to_what_onnx_runtime_computes() -> None:
     """A 3-d input times constant weights (then a Relu), and the product of two activations (one
     transposed, as attention's keys are): quantized

@@ -940,11 +940,20 @@ def _hard_sigmoid(x: Array, node: ir.Node) -> Array:
     return np.clip(alpha * x + beta, 0.0, 1.0)
 
 
+def _gelu(x: Array, node: ir.Node) -> Array:
+    """ONNX's Gelu (opset 20): exact (``x Phi(x)``, by erf), or ``approximate = "tanh"``."""
+    if node.attributes.get_string("approximate", "none") == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    erf = np.vectorize(math.erf, otypes=[np.float64])(np.asarray(x, np.float64) / math.sqrt(2.0))
+    return np.asarray(0.5 * x * (1.0 + erf), np.float64)
+
+
 UNARY: dict[str, Callable[[Array, ir.Node], Array]] = {  # what tosa.table computes, in float32 as ONNX Runtime does
     "Sigmoid": lambda x, node: 1.0 / (1.0 + np.exp(-x)),
     "Tanh": lambda x, node: np.tanh(x),
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": lambda x, node: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
+    "Gelu": _gelu,
     "LeakyRelu": lambda x, node: np.where(x >= 0, x, node.attributes.get_float("alpha", 0.01) * x),
 }
 

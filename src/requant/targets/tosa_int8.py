@@ -9,7 +9,7 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 (2-d, and depthwise), ``ConvTranspose`` (2-d, no dilation), ``Gemm`` and ``MatMul``
 (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
-``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu`` (as ``tosa.table``), ``Softmax``,
+``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu``, ``Gelu`` (as ``tosa.table``), ``Softmax``,
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
 ``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
 ``Gather``, and ``ArgMax`` (its indices a result of the function).
@@ -48,6 +48,7 @@ STANDALONE = (
     "HardSigmoid",
     "HardSwish",
     "LeakyRelu",
+    "Gelu",
     "Concat",  # its own output type, its inputs quantized as they are: tosa.concat rescales each to it
     # its own output type too, so that a residual sum it reads (an int32 stream, which tosa.resize cannot
     # take) is quantized to int8 before it: PP-OCRv4's FPN upsamples its sums
