@@ -321,15 +321,18 @@ def test_bilinear_upsampling_lowers_to_a_bilinear_tosa_resize(transform: str, si
     _iree_agrees(result, data)
 
 
-def _upsampling(group: int = 1, pads: int = 1) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+def _upsampling(
+    group: int = 1, pads: int = 1, dilation: int = 1
+) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     """A conv, then a 2x upsampling ConvTranspose (kernel 3, stride 2, pads 1, output_padding 1) with a
     Relu, then a 1x1 conv: a segmentation or text-detection head's pieces."""
-    size = 17 - 2 * pads
+    size = 16 + 2 * dilation - 2 * pads  # 2 (8 - 1) + 1 + (3 - 1) dilation + 1 - 2 pads
     proto = onnx.parser.parse_model(
         f'<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,8,8] x) => (float[1,2,{size},{size}] y) {{'
         " c = Conv <pads = [1, 1, 1, 1]> (x, w, b) r = Relu(c)"
         f" t = ConvTranspose <kernel_shape = [3, 3], strides = [2, 2], pads = [{pads}, {pads}, {pads}, {pads}],"
-        f" output_padding = [1, 1], group = {group}> (r, v, d) u = Relu(t) y = Conv (u, e, f) }}"
+        f" output_padding = [1, 1], group = {group}, dilations = [{dilation}, {dilation}]> (r, v, d) u = Relu(t)"
+        " y = Conv (u, e, f) }"
     )
     rng = np.random.default_rng(3)
     shapes = {"w": (4, 3, 3, 3), "b": (4,), "v": (4, 4 // group, 3, 3), "d": (4,), "e": (2, 4, 1, 1), "f": (2,)}
@@ -369,6 +372,20 @@ def test_a_grouped_conv_transpose_is_one_transpose_conv2d_a_group(group: int) ->
     assert len(ups) == group and all(op.shape == (1, 16, 16, 4 // group) for op in ups)
     (joined,) = [op for op in result.tosa.ops if op.kind == "concat"]
     assert joined.inputs == [op.output for op in ups] and joined.dtype == "i32" and joined.shape == (1, 16, 16, 4)
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    _iree_agrees(result, data[:4])
+
+
+def test_a_dilated_conv_transpose_is_one_with_zeros_between_its_taps() -> None:
+    """Dilation 2: tosa.transpose_conv2d has none, so the 3x3 kernel becomes 5x5 with zeros between its
+    taps (the same sums); 18x18 out, within one output step of the QDQ model, IREE bit for bit."""
+    proto, data = _upsampling(dilation=2)
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    (up,) = [op for op in result.tosa.ops if op.kind == "transpose_conv2d"]
+    weight = next(op for op in result.tosa.ops if op.output == up.inputs[1])
+    assert up.shape == (1, 18, 18, 4) and weight.shape == (4, 5, 5, 4)
+    assert weight.value is not None and not weight.value[:, 1::2].any() and not weight.value[:, :, 1::2].any()
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
     _iree_agrees(result, data[:4])
 

@@ -343,7 +343,8 @@ class _Lowering:
         (``output_padding`` added at the bottom and right), and the weight ``[I, O, KH, KW]`` becomes
         ``[O, KH, KW, I]``. TOSA's has no groups: a grouped one is one ``tosa.transpose_conv2d`` per
         group, on its slice of the input channels, concatenated in int32 (its weight's per-channel
-        scales, on axis 1, are one group's output channels: every group reads them)."""
+        scales, on axis 1, are one group's output channels: every group reads them); nor dilations: a
+        dilated one has its kernel spread out with zeros between the taps (the same sums)."""
         x = self.nhwc(self.source(node.inputs[0], node))
         w, w_scale, w_zp = _dequantized_constant(node.inputs[1], node)
         bias = _dequantized_constant(node.inputs[2], node)[0] if len(node.inputs) > 2 else None
@@ -351,6 +352,11 @@ class _Lowering:
         if w.ndim != 4 or np.any(w_zp != 0) or why:
             raise TosaError(f"node '{_name(node)}': 2-d ConvTransposes with symmetric weights are lowered, and "
                             f"tosa.transpose_conv2d has {why or 'int8 weights of zero point 0'}")  # fmt: skip
+        dh, dw = node.attributes.get_ints("dilations", [1, 1])
+        if (dh, dw) != (1, 1):  # tosa.transpose_conv2d has no dilation: the same kernel with zeros between its taps
+            dilated = np.zeros((*w.shape[:2], (w.shape[2] - 1) * dh + 1, (w.shape[3] - 1) * dw + 1), w.dtype)
+            dilated[:, :, ::dh, ::dw] = w
+            w = dilated
         top, left, bottom, right = node.attributes.get_ints("pads", [0, 0, 0, 0])
         extra_h, extra_w = node.attributes.get_ints("output_padding", [0, 0])
         group = node.attributes.get_int("group", 1)

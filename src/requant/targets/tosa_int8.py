@@ -6,7 +6,7 @@ times the weight scale, and int32 accumulators brought back to int8 by ``tosa.re
 op the model computes must be one :mod:`requant.backends.tosa` lowers. A sum of two activations (a
 residual connection) is not rounded to int8, as on ONNX Runtime where it stays float: the backend
 carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
-(2-d, and depthwise), ``ConvTranspose`` (2-d, no dilation), ``Gemm`` and ``MatMul``
+(2-d, and depthwise), ``ConvTranspose`` (2-d, dilated too), ``Gemm`` and ``MatMul``
 (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu``, ``Gelu`` (as ``tosa.table``), ``Softmax``,
@@ -98,18 +98,18 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
 
 
 def transposed_unlike_tosa(node: ir.Node) -> str:
-    """What a ConvTranspose has that ``tosa.transpose_conv2d`` has not (no dilation, explicit pads
-    smaller than its kernel), or ``""``; groups are lowered one ``tosa.transpose_conv2d`` each."""
+    """What a ConvTranspose has that ``tosa.transpose_conv2d`` has not (explicit pads smaller than its
+    kernel, dilated: ``(k - 1) d + 1``), or ``""``; groups are lowered one ``tosa.transpose_conv2d``
+    each, a dilation as a kernel with zeros between its taps."""
     a = node.attributes
-    if any(d != 1 for d in a.get_ints("dilations", [1, 1])):
-        return f"no dilation (this one has {list(a.get_ints('dilations', []))})"
     if a.get_string("auto_pad", "NOTSET") not in ("NOTSET", "") or "output_shape" in a:
         return "explicit pads only (this one has auto_pad or output_shape)"
     weight = constant(node.inputs[1]) if len(node.inputs) > 1 else None
-    kernel = list(weight.shape[2:]) if weight is not None and weight.ndim == 4 else []
+    dilations = list(a.get_ints("dilations", [1, 1]))
+    kernel = [(k - 1) * d + 1 for k, d in zip(weight.shape[2:], dilations, strict=False)] if weight is not None else []
     pads = list(a.get_ints("pads", [0, 0, 0, 0]))
-    if kernel and any(p >= kernel[i % 2] for i, p in enumerate(pads)):  # out_pad = -pad must stay above -kernel
-        return f"pads smaller than its kernel (this one has pads {pads}, kernel {kernel})"
+    if len(kernel) == 2 and any(p >= kernel[i % 2] for i, p in enumerate(pads)):  # out_pad = -pad stays above -kernel
+        return f"pads smaller than its kernel (this one has pads {pads}, kernel {kernel}, dilated)"
     return ""
 
 
