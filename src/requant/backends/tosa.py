@@ -828,6 +828,78 @@ class _Lowering:
                               why + ": each value's share of its row to the int8 output")  # fmt: skip
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
 
+    def layer_norm(self, node: ir.Node) -> None:
+        """LayerNormalization over the last axis, in integers. With ``v = q - zp`` and ``n`` values a row,
+        ``S = sum(v)`` split as ``n a + r`` (``tosa.intdiv``): ``V = sum(v**2) - n a**2 - 2 a r - r**2 / n``
+        is ``n`` times the variance (to within 1: no term leaves int32), taken ``4**j`` finer where int32
+        holds it, plus epsilon on that scale (at least 1: a constant row); ``V`` shifted left by an even
+        ``2 m`` (``tosa.clz``) into ``[2**29, 2**31)``, and its square root
+        by six Newton steps of ``tosa.intdiv`` from ``46341`` (from above): 15 bits whatever the row's
+        spread. ``c = n v - S`` shifted left by ``s + m + j`` over that root is the normalized value times
+        ``sqrt(n) 2**s``; a rescale per channel by ``|gamma|`` (its sign a ``tosa.mul``), ``beta`` added
+        2**8 finer, a rescale to the int8 output."""
+        x = self.nchw(self.source(node.inputs[0], node))
+        rank = len(x.shape)
+        axis = node.attributes.get_int("axis", -1) % rank
+        if axis != rank - 1:
+            raise TosaError(f"node '{_name(node)}' (LayerNormalization): only the last axis is lowered, not {axis}")
+        n = x.shape[axis]
+        gamma = _constant_value(node.inputs[1], node) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        beta = _constant_value(node.inputs[2], node) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+        if gamma is None:
+            raise TosaError(f"node '{_name(node)}' (LayerNormalization): its scale is not a constant")
+        shift = math.floor(15.5 - math.log2(n) - 1e-9)  # |c| 2**m < n 2**15.5: c 2**(shift + m) stays in int32
+        if shift < 0:
+            raise TosaError(f"node '{_name(node)}' (LayerNormalization): rows of {n} values (46,340 at most)")
+        gamma = np.broadcast_to(np.asarray(gamma, np.float64).reshape(-1), (n,))
+        beta = np.zeros(n) if beta is None else np.broadcast_to(np.asarray(beta, np.float64).reshape(-1), (n,))
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"LayerNormalization '{_name(node)}'"
+        reduced = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+        ones, no_shift = (1,) * rank, self.const(np.zeros(1), "i8")
+
+        def op(kind: str, *args: str, shape: tuple[int, ...] = reduced) -> str:
+            return self.add(kind, list(args) + ([no_shift] if kind == "mul" else []), shape, "i32")
+
+        def number(value: int) -> str:
+            return self.const(np.full(ones, value), "i32")
+
+        values = self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero point removed")
+        total = self.add("reduce_sum", [values], reduced, "i32", axis=axis)
+        squares = self.add("reduce_sum", [op("mul", values, values, shape=x.shape)], reduced, "i32", axis=axis)
+        whole = op("intdiv", total, number(n))  # a
+        multiple = op("mul", whole, number(n))  # n a
+        rest = op("sub", total, multiple)  # r
+        cross = op("mul", whole, rest)
+        spread = op("sub", op("sub", squares, op("mul", multiple, whole)), op("add", cross, cross))
+        spread = op("sub", spread, op("intdiv", op("mul", rest, rest), number(n)))  # n var, in steps
+        # 4**j finer (as far as int32 holds it), plus epsilon: at least 1, so that a constant row divides by
+        # something, and 1 is 4**-j of a step there
+        j = max(0, (30 - math.ceil(math.log2(n * 65025 + 1))) // 2)
+        epsilon = node.attributes.get_float("epsilon", 1e-5)
+        spread = op("mul", spread, number(4**j))
+        spread = op("add", spread, number(int(np.clip(round(epsilon * n * 4**j / x.scale**2), 1, 2**30))))
+        half = op("intdiv", op("sub", op("clz", spread), number(1)), number(2))  # m
+        # (at most 31 - shift - j, so that c's shift stays within 31 bits: only a near-constant row reaches it)
+        half = op("minimum", half, number(31 - shift - j))  # (tosa.clamp takes no int32 in the int profile)
+        normal = op("logical_left_shift", spread, op("add", half, half))  # in [2**29, 2**31)
+        root = self.const(np.full(reduced, 46341), "i32")  # >= sqrt(2**31): Newton from above
+        for _ in range(6):
+            root = op("intdiv", op("add", root, op("intdiv", normal, root)), number(2))
+        centred = op("sub", op("mul", values, number(n), shape=x.shape), total, shape=x.shape)  # n (v - mean)
+        moved = op("logical_left_shift", centred, op("add", half, number(shift + j)), shape=x.shape)
+        unit = op("intdiv", moved, root, shape=x.shape)  # the normalized value times sqrt(n) 2**shift
+        signs = np.where(gamma < 0, -1, 1).reshape((*ones[:-1], n))
+        unit = op("mul", unit, self.const(signs, "i32"), shape=x.shape)
+        fine = 256.0 / out_scale
+        scales = np.abs(gamma) / (math.sqrt(n) * 2.0**shift) * fine
+        scaled = self.rescale(unit, x.shape, scales, 0, 0, "i32", why + ": times gamma, 2**8 finer than its output",
+                              dtype_out="i32")  # fmt: skip
+        offset = self.const(np.rint(beta * fine).astype(np.int64).reshape((*ones[:-1], n)), "i32")
+        result = self.rescale(op("add", scaled, offset, shape=x.shape), x.shape, np.array([1 / 256]), 0, out_zp,
+                              "i32", why + ": to its int8 output")  # fmt: skip
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
+
     def mul(self, node: ir.Node) -> None:
         """A product of two int8 tensors (or one and an int8 constant), broadcast as ONNX does: both
         to int32 with their zero points removed, ``tosa.mul``, rescaled to the output."""
@@ -971,7 +1043,7 @@ LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, 
              "Identity": _Lowering.identity, "Squeeze": _Lowering.reshape, "Unsqueeze": _Lowering.reshape,
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
              "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
-             "Slice": _Lowering.slice_op, "Softmax": _Lowering.softmax,
+             "Slice": _Lowering.slice_op, "Softmax": _Lowering.softmax, "LayerNormalization": _Lowering.layer_norm,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 

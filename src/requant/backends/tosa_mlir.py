@@ -61,6 +61,8 @@ def _attributes(op: TosaOp, rounding: str) -> str:
         return f"mode = #tosa.resize_mode<{a.get('mode', 'NEAREST_NEIGHBOR')}>"
     if op.kind == "reduce_sum":
         return f"axis = {a['axis']} : i32"
+    if op.kind == "minimum":
+        return "nan_mode = #tosa.nan_mode<PROPAGATE>"
     if op.kind == "reduce_max":
         return f"axis = {a['axis']} : i32, nan_mode = #tosa.nan_mode<PROPAGATE>"
     return ""

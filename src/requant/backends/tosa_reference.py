@@ -175,6 +175,25 @@ def _intdiv(op: TosaOp, args: list[Array], rounding: str) -> Array:
     return _int32(quotient, op)
 
 
+def _clz(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """TOSA's CLZ of int32 values: the leading zero bits (32 for 0)."""
+    values = args[0].astype(np.int64) & 0xFFFFFFFF
+    bits = np.zeros(values.shape, np.int64)
+    remaining = values.copy()
+    while np.any(remaining):
+        bits += remaining > 0
+        remaining >>= 1
+    return (32 - bits).astype(np.int32)
+
+
+def _logical_left_shift(op: TosaOp, args: list[Array], rounding: str) -> Array:
+    """TOSA's LOGICAL_LEFT_SHIFT of int32 values by 0 to 31 bits (the low 32 bits of the result)."""
+    a, b = (v.astype(np.int64) for v in args)
+    if b.size and (b.min() < 0 or b.max() > 31):
+        raise TosaError(f"logical_left_shift {op.output}: a shift outside [0, 31]")
+    return ((a << b) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+
+
 def _reduce_max(op: TosaOp, args: list[Array], rounding: str) -> Array:
     result: Array = np.max(args[0], axis=op.attrs["axis"], keepdims=True)
     return result
@@ -313,6 +332,9 @@ OPS: dict[str, Callable[[TosaOp, list[Array], str], Array]] = {
     "reduce_max": _reduce_max,
     "sub": _sub,
     "intdiv": _intdiv,
+    "clz": _clz,
+    "minimum": lambda op, args, rounding: np.minimum(args[0], args[1]),
+    "logical_left_shift": _logical_left_shift,
     "gather": _gather,
     "table": _table,
     "concat": _concat,

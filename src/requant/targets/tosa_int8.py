@@ -10,6 +10,7 @@ carries it as an int32 stream on a fine scale. What it lowers so far: ``Conv``
 (a constant weight, or two activations) with a folded
 Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu``, ``Gelu`` (as ``tosa.table``), ``Softmax``,
+``LayerNormalization``,
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
 ``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
 ``Gather``, and ``ArgMax`` (its indices a result of the function).
@@ -53,7 +54,8 @@ STANDALONE = (
     # its own output type too, so that a residual sum it reads (an int32 stream, which tosa.resize cannot
     # take) is quantized to int8 before it: PP-OCRv4's FPN upsamples its sums
     "Resize",
-    "Softmax",  # its own output type: tosa.table of exp (int16), a row sum, an integer division
+    "Softmax",  # its own output type: int8 tables of exp, a row sum, an integer division
+    "LayerNormalization",  # its own output type: integer mean, variance, square root (Newton), division
 )
 
 
