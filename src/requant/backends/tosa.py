@@ -878,7 +878,7 @@ class _Lowering:
         j = max(0, (30 - math.ceil(math.log2(n * 65025 + 1))) // 2)
         epsilon = node.attributes.get_float("epsilon", 1e-5)
         spread = op("mul", spread, number(4**j))
-        spread = op("add", spread, number(int(np.clip(round(epsilon * n * 4**j / x.scale**2), 1, 2**30))))
+        spread = op("add", spread, number(int(np.clip(round(epsilon * n * 4**j / x.scale**2), 1, 2**29))))  # < 2**31
         half = op("intdiv", op("sub", op("clz", spread), number(1)), number(2))  # m
         # (at most 31 - shift - j, so that c's shift stays within 31 bits: only a near-constant row reaches it)
         half = op("minimum", half, number(31 - shift - j))  # (tosa.clamp takes no int32 in the int profile)
