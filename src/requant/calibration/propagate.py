@@ -27,7 +27,7 @@ from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding, en
 from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type
 from requant.ir.queries import graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
-from requant.targets.kernels import KernelModel
+from requant.targets.kernels import KernelModel, softmax_length
 from requant.types import (
     QuantizedType,
     UniformQuantizedPerAxisType,
@@ -90,13 +90,11 @@ def _softmax_within_float(graph: ir.Graph, limit: float) -> list[Propagated]:
         t = quant_type(y)
         if x is None or not isinstance(quant_type(x), UniformQuantizedType) or not isinstance(t, UniformQuantizedType):
             continue  # not both per tensor: not a QLinearSoftmax
-        opset = graph.opset_imports.get("", 13)
-        dims = list(x.shape) if x.shape is not None else []
-        axis = node.attributes.get_int("axis", -1 if opset >= 13 else 1) % max(len(dims), 1)
-        along = dims[axis:] if opset < 13 else dims[axis : axis + 1]
-        if not dims or not all(isinstance(d, int) for d in along):
+        dims = [d if isinstance(d, int) else None for d in x.shape] if x.shape is not None else []
+        axis = node.attributes.get("axis")
+        count = softmax_length(dims, axis.as_int() if axis is not None else None, graph.opset_imports.get("", 13))
+        if count is None:
             continue
-        count = int(np.prod(along))  # type: ignore[arg-type]
         top = math.floor(limit * count)
         if t.scale >= 1.0 / top:
             continue

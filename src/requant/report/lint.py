@@ -27,7 +27,7 @@ from requant.errors import RequantError
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 from requant.report.saturation import SaturationFinding, find_saturation
 from requant.runtime import cpu_session
-from requant.targets.kernels import ONNXRUNTIME_X86
+from requant.targets.kernels import ONNXRUNTIME_X86, softmax_length
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -125,14 +125,8 @@ def _softmax_overflow(node: onnx.NodeProto, shapes: dict[str, list[int | None]],
     scale = scales.get(node.input[3]) if len(node.input) > 3 else None
     dims = shapes.get(node.input[0])
     attributes = {a.name: a.i for a in node.attribute}
-    if scale is None or scale <= 0 or not dims:
-        return ""
-    opset, axis = attributes.get("opset", 13), attributes.get("axis", -1 if attributes.get("opset", 13) >= 13 else 1)
-    along = dims[axis % len(dims) :] if opset < 13 else [dims[axis % len(dims)]]
-    if any(d is None for d in along):
-        return ""
-    count = math.prod(d for d in along if d is not None)
-    if math.floor(1 / scale) <= math.exp(5) * count:
+    count = softmax_length(dims or [], attributes.get("axis"), attributes.get("opset", 13))
+    if scale is None or scale <= 0 or count is None or math.floor(1 / scale) <= math.exp(5) * count:
         return ""
     finest = 1 / (math.exp(5) * count)
     return f"'{node.name or node.op_type}': output scale {scale:.4g} over {count} values (finer than {finest:.4g})"

@@ -28,6 +28,7 @@ adversarial weights and inputs (``tests/test_kernel_model.py``) and read from ML
 
 from __future__ import annotations
 
+import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,13 @@ from requant.types.accumulation import INT16_PAIRS, INT32, Accumulation
 __all__ = [
     "ONNXRUNTIME_X86",
     "ONNXRUNTIME_X86_VNNI",
+    "QLINEAR_SOFTMAX_OVERFLOW",
     "KernelModel",
     "KernelRule",
     "Reduction",
     "host_kernel_model",
     "is_depthwise",
+    "softmax_length",
 ]
 
 
@@ -94,6 +97,17 @@ _CONV, _LINEAR, _LSTM = frozenset({"Conv"}), frozenset({"Gemm", "MatMul"}), froz
 # floor(1 / output scale) in float32: beyond D e**5 (148.41 D) the largest ones become inf, then 0
 # (measured: a 4-value softmax whose calibrated top was 0.38 returned 0 for it from 0.00168 down)
 QLINEAR_SOFTMAX_OVERFLOW = 148.0
+
+
+def softmax_length(dims: list[int | None], axis: int | None, opset: int) -> int | None:
+    """How many values a Softmax normalizes together: its axis's (opset 13 on; default -1), or, before
+    opset 13, every dimension from its axis on (default 1); None where one of them is not static."""
+    if not dims:
+        return None
+    axis = (axis if axis is not None else (-1 if opset >= 13 else 1)) % len(dims)
+    along = dims[axis:] if opset < 13 else dims[axis : axis + 1]
+    return math.prod(d for d in along if d is not None) if all(isinstance(d, int) for d in along) else None
+
 
 ONNXRUNTIME_X86 = KernelModel(
     "ONNX Runtime x86-64 without VNNI",
