@@ -177,12 +177,8 @@ def _intdiv(op: TosaOp, args: list[Array], rounding: str) -> Array:
 
 def _clz(op: TosaOp, args: list[Array], rounding: str) -> Array:
     """TOSA's CLZ of int32 values: the leading zero bits (32 for 0)."""
-    values = args[0].astype(np.int64) & 0xFFFFFFFF
-    bits = np.zeros(values.shape, np.int64)
-    remaining = values.copy()
-    while np.any(remaining):
-        bits += remaining > 0
-        remaining >>= 1
+    unsigned = (args[0].astype(np.int64) & 0xFFFFFFFF).astype(np.float64)  # exact: below 2**53
+    _, bits = np.frexp(unsigned)  # v = m 2**bits with m in [0.5, 1): bits is v's bit length (0 for 0)
     return (32 - bits).astype(np.int32)
 
 

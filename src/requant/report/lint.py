@@ -121,7 +121,8 @@ class LintResult:
 def _softmax_overflow(node: onnx.NodeProto, shapes: dict[str, list[int | None]], scales: dict[str, float]) -> str:
     """Why ONNX Runtime's QLinearSoftmax ``node`` returns the zero point for a row's largest values, or
     ``""``: its exp table tops out at ``FLT_MAX / (D e**5)`` and each entry is multiplied by
-    ``floor(1 / output scale)`` in float32 (``requant.targets.kernels.QLINEAR_SOFTMAX_OVERFLOW``)."""
+    ``floor(1 / output scale)`` in float32, so beyond ``D e**5`` the product is infinite. (Propagation
+    keeps requant's own scales a little coarser still: ``kernels.QLINEAR_SOFTMAX_OVERFLOW``, 148.)"""
     scale = scales.get(node.input[3]) if len(node.input) > 3 else None
     dims = shapes.get(node.input[0])
     attributes = {a.name: a.i for a in node.attribute}
