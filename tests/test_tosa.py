@@ -245,6 +245,32 @@ def test_one_kernel_lowers_to_what_onnx_runtime_computes_within_a_step() -> None
     _iree_agrees(result, data)
 
 
+def test_where_a_users_config_meets_an_op_bound_to_one_type_a_rescale_goes_before_it() -> None:
+    """The Gemm asks for symmetric int8 inputs (its Flatten's and the pool's output share them), the
+    conv before the pool writes asymmetric ones: the MaxPool (one type in TOSA) got two, and
+    propagation puts a rescale before it
+    (without it the lowering refused the model: "its input and output are quantized differently"),
+    in the report with its reason, within a step of ONNX Runtime's QDQ model, IREE bit for bit."""
+    import dataclasses
+
+    from requant.quantizers import DEFAULT_PRESET, PRESETS, QuantizationSpec, Quantizer
+
+    proto, data = _one_kernel_model()
+    config = PRESETS[DEFAULT_PRESET]
+    symmetric = dataclasses.replace(config, input_activation=QuantizationSpec("int8", symmetric=True))
+    quantizer = Quantizer().set_op_type("Conv", config).set_op_type("Gemm", symmetric)
+    result = requant.api.quantize(proto, data, target="tosa-int8", quantizer=quantizer, measure=False)
+    assert result.tosa is not None
+    [met] = result.report["rescales"]
+    assert met["how"] == "rescale" and met["why"].startswith("MaxPool '") and "i8:f32" in met["type"]
+    assert ":" not in met["type"].split(",")[-1]  # the Gemm's symmetric type: no zero point
+    kinds = [op.kind for op in result.tosa.ops if op.kind != "const"]
+    assert kinds[kinds.index("max_pool2d") - 2 : kinds.index("max_pool2d")] == ["rescale", "slice"]
+    assert any(r["why"].startswith(f"MaxPool '{met['node']}': input ") for r in result.report["tosa"]["rescales"])
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    _iree_agrees(result, data)
+
+
 def test_an_average_pool_that_does_not_count_its_padding_lowers_to_avg_pool2d() -> None:
     """PyTorch's ``AvgPool2d(count_include_pad=False, ceil_mode=True)`` between two convs: TOSA's
     avg_pool2d counts only the input's values in each window, as ONNX Runtime does; the lowered
@@ -645,7 +671,8 @@ def test_a_yolox_like_model_as_integer_tosa() -> None:
 def test_the_program_does_not_depend_on_the_order_of_the_quantizers() -> None:
     """Every order of four selections (the kernels, the Concats, the SiLUs' two ops) gives the same
     program; where two quantizations meet (a Concat of inputs on other scales, a residual sum) the
-    rescale is in the report with its reason."""
+    rescale is in the report with its reason: a Concat's are propagation's (the table binds a Concat
+    to one type), each one the program's rescale of that input."""
     import itertools
 
     from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
@@ -662,7 +689,11 @@ def test_the_program_does_not_depend_on_the_order_of_the_quantizers() -> None:
         texts.add(result.mlir())
     assert len(texts) == 1
     why = [r["why"] for r in result.report["tosa"]["rescales"]]
-    assert any(w.startswith("Concat '") and "to the output's scale and zero point" in w for w in why)
+    met = result.report["rescales"]
+    assert any(r["why"].startswith("Concat ") for r in met) and all(r["how"] == "rescale" for r in met), met
+    for r in met:  # propagation's rescale before the op is the program's, with its reason
+        op = r["why"].split(" ")[0]
+        assert any(w.startswith(f"{op} '{r['node']}': input ") and "rescaled to the output's type" in w for w in why)
     assert any(w.startswith("Add '") and "int32 scale" in w for w in why)
 
 

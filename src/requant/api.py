@@ -304,7 +304,7 @@ class _Staged:
 
 
 def _stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo | None = None) -> _Staged:
-    propagation = propagate(model, target.kernels, memo)
+    propagation = propagate(model, target.kernels, memo, target.table.same_scale)
     floats = float_parameters(model) if keep_floats else {}
     return _Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats)
 
@@ -939,6 +939,8 @@ def quantize(
         },
         "calibrated": [c.as_dict() for c in run.chosen],
         "propagated": [n.as_dict() for n in converted.notes],
+        # where an op the target binds to one type got two (targets.constraints): a rescale, or a float op
+        "rescales": [n.as_dict() for n in converted.notes if n.meets],
         "weight_encoding": {
             "kernel_model": chosen_target.kernels.name,
             "exact_on": chosen_target.kernels.cpus,
@@ -1157,6 +1159,13 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             )
         lines.append(line)
     lines += [f"warning: {w}" for w in report["quantizers"].get("warnings", [])]
+    met = report.get("rescales", [])
+    if met:
+        rescaled = sum(r["how"] == "rescale" for r in met)
+        lines.append(
+            f"where constraints meet: {len(met)} (ops the target binds to one type that got two: "
+            f"{rescaled} rescaled before the op, {len(met) - rescaled} computed in float by the runtime)"
+        )
     tosa = report.get("tosa")
     if tosa:
         kernels = {k: v for k, v in tosa["ops"].items() if k in TOSA_ACCUMULATORS}

@@ -43,7 +43,7 @@ from requant.ir.annotations import (
     set_request,
     stored_values,
 )
-from requant.ir.provenance import QUANTIZES_KEY
+from requant.ir.provenance import QUANTIZES_KEY, RESCALE_KEY
 from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, pads_with_zero
 from requant.passes._rewrite import drop_if_unused
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
@@ -177,7 +177,8 @@ _READS_SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 
 def _int8_nodes(graph: ir.Graph) -> set[int] | None:
-    """The nodes whose ports carry quantized values: int8 kernels and the data movement between them.
+    """The nodes whose ports carry quantized values: int8 kernels, the data movement between them, and
+    the rescales propagation put before an op bound to one type.
 
     None when no quantizer marked any node (types set by hand): then every consumer of a typed
     value reads it quantized. (Not "nodes with a quantized output": a float op's output gets a
@@ -187,7 +188,7 @@ def _int8_nodes(graph: ir.Graph) -> set[int] | None:
     marks = [(n, n.metadata_props.get(ANNOTATED_KEY, "")) for n in graph]
     if not any(by for _, by in marks):
         return None
-    return {id(n) for n, by in marks if asks_for_int8(by) or by == shared}
+    return {id(n) for n, by in marks if asks_for_int8(by) or by == shared or RESCALE_KEY in n.metadata_props}
 
 
 def _activation(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node, int8: set[int] | None) -> None:

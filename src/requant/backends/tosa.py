@@ -38,6 +38,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.errors import RequantError
+from requant.ir.provenance import RESCALE_KEY
 from requant.ir.queries import constant
 from requant.targets.tosa_int8 import transposed_unlike_tosa
 from requant.types import UniformQuantizedType, dcast, qcast
@@ -499,8 +500,17 @@ class _Lowering:
         self.finish(node, self.add("reshape", [picked], shape, "i8", new_shape=list(shape)), shape, False)
 
     def identity(self, node: ir.Node) -> None:
-        x = self.same_scale(node)
-        self.finish(node, x.name, x.shape, x.nhwc)
+        """An Identity moves its int8 values; one propagation inserted (``RESCALE_KEY``: where an op
+        bound to one type got two, :mod:`requant.calibration.propagate`) is a ``tosa.rescale`` to its
+        output's type, for the reason it records."""
+        why = node.metadata_props.get(RESCALE_KEY)
+        if why is None:
+            x = self.same_scale(node)
+            self.finish(node, x.name, x.shape, x.nhwc)
+            return
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        t = self.retyped(self.source(node.inputs[0], node), out_scale, out_zp, why)
+        self.tensors[str(q.outputs[0].name)] = t
 
     def reshape(self, node: ir.Node) -> None:
         x = self.same_scale(node)

@@ -1,7 +1,10 @@
 """Propagate: resolve fixed, shared and derived requests into types, after calibration.
 
 In a fixed order that does not depend on which node or quantizer came first: fixed requests,
-then shared ones (each follows its chain to a value with a type), then the target's constraint on
+then shared ones (each follows its chain to a value with a type), then the target's same-scale
+constraints (its table's ``same_scale``, :mod:`requant.targets.constraints`: where an op that must
+read and write one type got two, a rescale goes before it, or the runtime's float op is recorded),
+then the target's constraint on
 int8 kernels' weights (:mod:`requant.calibration.weight_encoding`: no int16 pair may saturate),
 then derived ones (a bias:
 scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
@@ -17,6 +20,7 @@ stem, whose two dead channels then output 6.0 instead of 0). A bias whose input 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +28,12 @@ import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
 from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding, encode_weights, rescale_stored
-from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type
-from requant.ir.queries import graph_values
+from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type, set_request
+from requant.ir.provenance import RESCALE_KEY
+from requant.ir.queries import DEFAULT_DOMAINS, fresh_name, graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
+from requant.ir.traits import data_inputs
+from requant.targets.constraints import RUNTIME_FLOAT, SameScale
 from requant.targets.kernels import KernelModel, softmax_length
 from requant.types import (
     QuantizedType,
@@ -48,9 +55,12 @@ class Propagated:
     value: str
     type: QuantizedType | str  # the type ("float" when kept float), printed when the report is written
     why: str
+    meets: str = ""  # the node where two constraints met on this value, if any
+    how: str = ""  # what the target does there: "rescale" (before the op) or "float" (the runtime's op)
 
     def as_dict(self) -> dict[str, str]:
-        return {"value": self.value, "type": str(self.type), "why": self.why}
+        found = {"value": self.value, "type": str(self.type), "why": self.why}
+        return found | ({"node": self.meets, "how": self.how} if self.meets else {})
 
 
 def _bias_limit(types: list[UniformType], weight: ir.Value | None, channels: int) -> float:
@@ -112,11 +122,72 @@ def _softmax_within_float(graph: ir.Graph, limit: float) -> list[Propagated]:
     return notes
 
 
-def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: EncodingMemo | None = None) -> Propagation:
+def _alike(a: UniformQuantizedType, b: UniformQuantizedType) -> bool:
+    """One type for an integer op (the lowering's tolerance on a scale stored as float32)."""
+    same = (a.storage, a.zero_point) == (b.storage, b.zero_point)
+    return same and math.isclose(a.scale, b.scale, rel_tol=1e-6)
+
+
+def _rescale_before(
+    graph: ir.Graph, node: ir.Node, index: int, to: UniformQuantizedType, why: str, taken: set[str | None]
+) -> ir.Value:
+    """An ``Identity`` before ``node``'s input ``index`` whose output has the type ``to``: a rescale
+    (``RESCALE_KEY`` on it says why). Returns its output, which ``node`` now reads. ``taken``: the
+    graph's names (values and nodes), which the new ones join."""
+    x = node.inputs[index]
+    assert x is not None
+    name = node.name or node.op_type
+    out = ir.Value(name=fresh_name(f"{name}_input_{index}_rescaled", taken), shape=x.shape, type=x.type)
+    rescale = ir.Node("", "Identity", [x], outputs=[out], name=fresh_name(f"{name}_rescale_{index}", taken))
+    rescale.metadata_props[RESCALE_KEY] = why
+    graph.insert_before(node, rescale)
+    node.replace_input_with(index, out)
+    set_quant_type(out, to)
+    set_request(out, SharedSpec(str(node.outputs[0].name)))
+    return out
+
+
+def _where_types_meet(graph: ir.Graph, same_scale: Mapping[str, SameScale]) -> list[Propagated]:
+    """Each op bound to one type (``same_scale``) whose data input and output got different ones:
+    where the target rescales, a rescale before the op brings the input to the output's type (the
+    output's: what the op's readers were calibrated or configured for); where its runtime computes
+    the op in float between conversions, that is recorded."""
+    notes = []
+    taken: set[str | None] = {v.name for v in graph_values(graph)} | {n.name for n in graph}
+    for node in list(graph):
+        rule = same_scale.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        t = quant_type(node.outputs[0]) if rule is not None and rule.binds(node) and node.outputs else None
+        if not isinstance(t, UniformQuantizedType):
+            continue
+        assert rule is not None
+        name = node.name or node.op_type
+        for index in data_inputs(node):
+            x = node.inputs[index]
+            s = quant_type(x) if x is not None else None
+            if x is None or not isinstance(s, UniformQuantizedType) or _alike(s, t):
+                continue
+            met = f"{node.op_type} '{name}' reads '{x.name}' as {s} and writes {t}: {rule.why}"
+            if rule.meet == RUNTIME_FLOAT:
+                notes.append(Propagated(str(x.name), t, met, name, rule.meet))
+                continue
+            why = f"{node.op_type} '{name}': input '{x.name}' rescaled to the output's type ({rule.why})"
+            rescaled = _rescale_before(graph, node, index, t, why, taken)
+            notes.append(Propagated(str(rescaled.name), t, f"{met}; a rescale before it", name, rule.meet))
+    return notes
+
+
+def propagate(
+    model: ir.Model,
+    kernels: KernelModel | None = None,
+    memo: EncodingMemo | None = None,
+    same_scale: Mapping[str, SameScale] | None = None,
+) -> Propagation:
     """Give every value with a fixed, shared or derived request its type; returns what was done.
 
-    With a target's ``kernels`` model, the weights of its int8 kernels are checked (and where they
-    could saturate, re-encoded) before the biases are derived from their scales (``memo``: see
+    With a target's ``same_scale`` constraints (its table's), the ops they bind are checked once the
+    shared types are known (:func:`_where_types_meet`). With a target's ``kernels`` model, the
+    weights of its int8 kernels are checked (and where they could saturate, re-encoded) before the
+    biases are derived from their scales (``memo``: see
     :func:`~requant.calibration.weight_encoding.encode_weights`).
     """
     graph = model.graph
@@ -157,6 +228,9 @@ def propagate(model: ir.Model, kernels: KernelModel | None = None, memo: Encodin
                 raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), shared, f"shared with '{source.name}'"))
+
+    if same_scale:
+        notes += _where_types_meet(graph, same_scale)
 
     encodings = encode_weights(model, kernels, memo) if kernels is not None else []
 

@@ -1,6 +1,7 @@
 """Where a node came from: the PyTorch module path and class a front door recorded on it, which
 float value a QuantizeLinear quantizes when its input is not that value (a clamp it makes redundant
-was dropped: ``requant.backends.qdq``), and by how much equalization scaled a value's channels
+was dropped: ``requant.backends.qdq``), why an ``Identity`` is a rescale (propagation put it where an op
+bound to one type got two: ``requant.calibration.propagate``), and by how much equalization scaled a value's channels
 (``requant.calibration.equalization``): what ``requant compare`` needs to match a requant output's
 tensors with the float model's."""
 
@@ -15,6 +16,7 @@ __all__ = [
     "MODULE_CLASS_KEY",
     "MODULE_PATH_KEY",
     "QUANTIZES_KEY",
+    "RESCALE_KEY",
     "channel_factors",
     "module_class",
     "module_path",
@@ -25,6 +27,7 @@ __all__ = [
 MODULE_PATH_KEY = "requant.module_path"
 MODULE_CLASS_KEY = "requant.module_class"
 QUANTIZES_KEY = "requant.quantizes"
+RESCALE_KEY = "requant.rescale"  # on an Identity propagation inserted: why it rescales
 CHANNEL_FACTORS_KEY = "requant.channel_factors"  # on a value: "C;c:f,c:f" (channel count; factors other than 1)
 
 

@@ -207,6 +207,14 @@ def _ports(report: Mapping[str, Any]) -> list[str]:
     lines += ["### Propagated", ""]
     shared = [(f"`{p['value']}`", p["why"], _short(p["type"])) for p in propagated]
     lines += _table(("value", "why", "type"), shared) if shared else ["None.", ""]
+    lines += ["### Where constraints meet", ""]
+    lines += [
+        "Ops the target binds to one type (data movement; on TOSA a Concat too) whose input and output got "
+        "different ones: a rescale before the op, or, on ONNX Runtime, the op in float between conversions.",
+        "",
+    ]
+    met = [(f"`{r['node']}`", f"`{r['value']}`", r["why"]) for r in report.get("rescales", [])]
+    lines += _table(("op", "value", "what happens"), met) if met else ["None.", ""]
     return lines
 
 

@@ -17,6 +17,7 @@ import onnx_ir as ir
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
+from requant.targets.constraints import RUNTIME_FLOAT, SameScale
 from requant.targets.decompose import (
     AVERAGE_POOL_AS_DEPTHWISE,
     BATCHNORM_TO_MUL_ADD,
@@ -203,6 +204,15 @@ def _weight_rule(node: ir.Node, weight: ir.Value, spec: QuantizationSpec) -> tup
     return spec, ""
 
 
+# ONNX Runtime 1.31's QDQ transformer drops the DequantizeLinear and QuantizeLinear around these (the op
+# then moves integers) only where both have the same scale and zero point (its DropQDQNodesRules and
+# SplitQDQRules, qdq_selector_action_transformer.cc); otherwise the op runs in float between them
+_DROPS_QDQ = SameScale(
+    RUNTIME_FLOAT,
+    "ONNX Runtime moves its integers only where its input and output share a scale and zero point; "
+    "here it computes it in float between a DequantizeLinear and a QuantizeLinear",
+)
+
 ONNXRUNTIME_CPU = SupportTable(
     "ONNXRUNTIME_CPU_SUPPORT",
     _patterns(),
@@ -211,4 +221,5 @@ ONNXRUNTIME_CPU = SupportTable(
         *(DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, PAD_CONV_CHANNELS, HARD_SIGMOID, HARD_SWISH, SPATIAL_MEAN),
         AVERAGE_POOL_AS_DEPTHWISE,
     ),
+    dict.fromkeys(("MaxPool", "Resize", "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split"), _DROPS_QDQ),
 )

@@ -6,8 +6,8 @@ granularities) and returns :class:`Accept` or :class:`Reject` with a reason, nev
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 import onnx_ir as ir
@@ -19,6 +19,7 @@ from requant.types import FLOAT_FORMATS
 if TYPE_CHECKING:
     from requant.ir.requests import QuantizationSpec
     from requant.quantizers.config import QuantizationConfig
+    from requant.targets.constraints import SameScale
     from requant.targets.decompose import Decomposition
 
 __all__ = [
@@ -109,12 +110,15 @@ class SupportTable:
     ``weight_rule``: the target's adjustment of a weight's spec for one node and weight, with the note the
     report shows (``""`` when it changed nothing). ``decompositions``: ops the target has no int8
     kernel for, rewritten into ops it has before the quantizers annotate (by op type).
+    ``same_scale``: the ops whose data inputs and output must carry one type, by op type, and what
+    the target does where they differ (:mod:`requant.targets.constraints`; propagation resolves them).
     """
 
     name: str
     patterns: tuple[Pattern, ...]
     weight_rule: WeightRule | None = None
     decompositions: tuple[Decomposition, ...] = ()
+    same_scale: Mapping[str, SameScale] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))

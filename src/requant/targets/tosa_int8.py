@@ -25,6 +25,7 @@ import onnx_ir as ir
 from requant.ir.queries import constant
 from requant.ir.requests import QuantizationSpec
 from requant.ir.traits import WEIGHTED
+from requant.targets.constraints import RESCALE, SameScale
 from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, SPATIAL_MEAN, SUB_TO_ADD
 from requant.targets.kernels import _CONV, _LINEAR, KernelModel, KernelRule
 from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict, non_float, sums_activations
@@ -128,8 +129,23 @@ def _patterns() -> tuple[Pattern, ...]:
     return (*(Pattern(chain, _check) for chain in chains), *(Pattern((op,), _not_lowered) for op in later))
 
 
+def _nearest(node: ir.Node) -> bool:
+    return node.attributes.get_string("mode", "nearest") == "nearest"
+
+
+# TOSA's data-movement ops (and tosa.concat, tosa.resize NEAREST_NEIGHBOR) take and give one int8 type:
+# where calibration left the input and the output on different ones, a rescale goes before the op
+_ONE_TYPE = SameScale(RESCALE, "TOSA's op takes and gives one int8 type")
+SAME_SCALE = {
+    **dict.fromkeys(
+        ("MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Pad", "Gather", "Concat"),
+        _ONE_TYPE,
+    ),
+    "Resize": SameScale(RESCALE, _ONE_TYPE.why + " (a nearest one: a bilinear one rescales its sums)", _nearest),
+}
+
 TOSA_INT8 = SupportTable(
-    "TOSA_INT8_SUPPORT", _patterns(), None, (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, SPATIAL_MEAN)
+    "TOSA_INT8_SUPPORT", _patterns(), None, (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, SPATIAL_MEAN), SAME_SCALE
 )
 
 TOSA_INT32 = KernelModel(

@@ -1,0 +1,51 @@
+"""The constraints a target's ops put on the types of their ports, as data: propagation resolves them.
+
+Seeds 000 and 002 name three kinds; requant keeps each where it is decided:
+
+- **same scale** (this module, per target, by op type): an op that moves or selects values (MaxPool,
+  Reshape, a Concat on TOSA) reads and writes one quantized type. Calibration and the quantizers can
+  leave its input and output on different ones (a Concat's inputs are calibrated apart; a user's
+  config can ask for another type after a pool): there two constraints meet, and the target says what
+  happens (:class:`SameScale`'s ``meet``). Propagation (:mod:`requant.calibration.propagate`) finds
+  every such meeting after the types are known, in any order of the quantizers, and records it with
+  its reason;
+- **multiplier scale**: a bias's scale is its kernel's input scale times its weight scale, on every
+  target (the op's arithmetic, :mod:`requant.ir.traits`' ``WEIGHTED``): the pattern quantizer's
+  ``DerivedSpec``, resolved by propagation once the weights are encoded;
+- **fixed scale**: parameters a kernel needs whatever calibration sees: a config's ``FixedSpec``,
+  and a target's floor on a scale (ONNX Runtime's QLinearSoftmax: ``KernelModel.softmax_overflow``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx_ir as ir
+
+__all__ = ["RESCALE", "RUNTIME_FLOAT", "SameScale"]
+
+RESCALE: Literal["rescale"] = "rescale"
+RUNTIME_FLOAT: Literal["float"] = "float"
+
+
+@dataclass(frozen=True)
+class SameScale:
+    """The op's data inputs and its output carry one quantized type.
+
+    ``meet``: what the target does where they differ: ``"rescale"``, propagation inserts a rescale
+    before the op that brings each differing input to the output's type (an ``Identity`` whose output
+    has that type: the integer lowering writes it as ``tosa.rescale``); ``"float"``, nothing is written
+    and the runtime computes the op in float between its conversions (recorded: it costs a
+    DequantizeLinear and a QuantizeLinear, and the int8 op). ``why``: the target's reason, for the
+    report. ``applies``: whether a node of the op type is bound by it (e.g. a nearest Resize only);
+    every node when None.
+    """
+
+    meet: Literal["rescale", "float"]
+    why: str
+    applies: Callable[[ir.Node], bool] | None = None
+
+    def binds(self, node: ir.Node) -> bool:
+        return self.applies is None or self.applies(node)
