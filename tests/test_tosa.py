@@ -271,6 +271,30 @@ def test_where_a_users_config_meets_an_op_bound_to_one_type_a_rescale_goes_befor
     _iree_agrees(result, data)
 
 
+def test_reductions_and_a_difference_of_two_tensors_lower_to_integers() -> None:
+    """A row's mean taken from each value (a LayerNorm written out starts so: ``ReduceMean``, ``Sub``
+    broadcast), a ``ReduceSum`` without its axis (an input, opset 13), a ``ReduceMax`` (one type in and
+    out: propagation rescales its input to the output's narrower one): int32 sums rescaled by
+    ``1 / count``, ``tosa.sub`` on one int32 scale, ``tosa.reduce_max`` of the int8 values; the same
+    integers as ONNX Runtime's QDQ model here, IREE bit for bit."""
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (float[1,6,10] x) => (float[1,6,10] d, float[1,10] s,'
+        " float[1,1,10] mx) { m = ReduceMean <axes = [2]> (x) d = Sub(x, m) ax = Constant <value = int64[1] {1}> ()"
+        " s = ReduceSum <keepdims = 0> (d, ax) mx = ReduceMax <axes = [1]> (x) }"
+    )
+    rng = np.random.default_rng(0)
+    data = [{"x": (rng.standard_normal((1, 6, 10)) * 2 + 1).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    kinds = [op.kind for op in result.tosa.ops if op.kind != "const"]
+    assert kinds.count("reduce_sum") == 2 and kinds.count("sub") == 1 and kinds.count("reduce_max") == 1
+    assert "reshape" in kinds  # the ReduceSum's axis dropped
+    [met] = result.report["rescales"]
+    assert met["why"].startswith("ReduceMax ") and met["how"] == "rescale"
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    _iree_agrees(result, data[:4])
+
+
 def test_an_average_pool_that_does_not_count_its_padding_lowers_to_avg_pool2d() -> None:
     """PyTorch's ``AvgPool2d(count_include_pad=False, ceil_mode=True)`` between two convs: TOSA's
     avg_pool2d counts only the input's values in each window, as ONNX Runtime does; the lowered

@@ -955,19 +955,84 @@ class _Lowering:
             tensor, addend = (values[1], fixed[0]) if fixed[0] is not None else (values[0], fixed[1])
             self.add_constant(node, tensor, addend)
             return
-        a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in values)
-        if a.shape != b.shape or a.nhwc != b.nhwc:  # one layout for both (a square map hides the difference)
+        self.sum_to_readers(node, self.two_tensors(node, "add"))
+
+    def sub_op(self, node: ir.Node) -> None:
+        """A difference of two tensors (a LayerNorm written out: ``x - mean``), broadcast, on a common
+        int32 scale as a sum is (``tosa.sub``), then rescaled to its int8 output. A tensor minus a
+        constant is an Add (the target's decomposition); a constant minus a tensor is not lowered."""
+        if any(_constant_value(v, node) is not None for v in node.inputs[:2] if v is not None):
+            raise TosaError(f"node '{_name(node)}' (Sub): a constant minus a tensor is not lowered")
+        self.sum_to_readers(node, self.two_tensors(node, "sub"))
+
+    def two_tensors(self, node: ir.Node, kind: str) -> _Tensor:
+        """``tosa.add`` or ``tosa.sub`` of ``node``'s two tensors (int8, or int32 streams), broadcast (of
+        one rank), on one int32 scale: a stream's, or 2**16 times finer than the coarser int8 input."""
+        a, b = (self.wide.get(str(v.name)) or self.source(v, node) for v in node.inputs[:2] if v is not None)
+        if a.nhwc != b.nhwc or a.shape != b.shape:  # one layout for both (a square map hides the difference)
             a, b = self.nhwc(a), self.nhwc(b)
-        if a.shape != b.shape or a.nhwc != b.nhwc:
-            raise TosaError(f"node '{_name(node)}': an Add of two tensors of different shapes is not lowered")
+        try:
+            shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        except ValueError:
+            shape = ()
+        if not shape or len(a.shape) != len(b.shape) or a.nhwc != b.nhwc:
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): tensors of shapes {list(a.shape)} and "
+                            f"{list(b.shape)} do not broadcast in one rank")  # fmt: skip
         streams = [t for t in (a, b) if t.wide]
-        # a stream keeps its scale; two int8 tensors start one 2**16 times finer than the coarser input
         common = streams[0].scale if streams else max(a.scale, b.scale) / (1 << STREAM_BITS)
-        parts = [
-            self.rescale_to_i32(t, t.scale / common, f"Add '{_name(node)}': an input to the sum's int32 scale")
-            for t in (a, b)
-        ]
-        self.sum_to_readers(node, _Tensor(self.add("add", parts, a.shape, "i32"), a.shape, common, 0, a.nhwc, True))
+        result = "sum" if kind == "add" else "difference"
+        why = f"{node.op_type} '{_name(node)}': an input to the {result}'s int32 scale"
+        parts = [self.rescale_to_i32(t, t.scale / common, why) for t in (a, b)]
+        return _Tensor(self.add(kind, parts, shape, "i32"), shape, common, 0, a.nhwc, True)
+
+    def reduce(self, node: ir.Node) -> None:
+        """ReduceMean and ReduceSum: the int8 values (zero point removed) summed in int32 along each
+        axis (``tosa.reduce_sum``), rescaled by ``1 / count`` for a mean to the int8 output;
+        ReduceMax: ``tosa.reduce_max`` of the int8 values (one type in and out). Axes of ONNX's
+        layout; without ``keepdims`` a ``tosa.reshape`` drops them."""
+        x = self.nchw(self.source(node.inputs[0], node))
+        axes = self.reduce_axes(node, len(x.shape))
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        final = self.shape_of(node.outputs[0])
+        if node.op_type == "ReduceMax":
+            x = self.nchw(self.same_scale(node))
+            name = x.name
+            for axis in axes:
+                name = self.add("reduce_max", [name], tuple(1 if i in axes and i <= axis else d for i, d in
+                                                       enumerate(x.shape)), "i8", axis=axis)  # fmt: skip
+            if final != shape:
+                name = self.add("reshape", [name], final, "i8", new_shape=list(final))
+            self.finish(node, name, final, False)
+            return
+        why = f"{node.op_type} '{_name(node)}'"
+        total = self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero point removed")
+        for axis in axes:
+            partial = tuple(1 if i in axes and i <= axis else d for i, d in enumerate(x.shape))
+            total = self.add("reduce_sum", [total], partial, "i32", axis=axis)
+        count = int(np.prod([x.shape[i] for i in axes])) if node.op_type == "ReduceMean" else 1
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        what = f"the sum over {count} values to the int8 mean" if count > 1 else "the int32 sum to its int8 output"
+        result = self.rescale(total, shape, np.array([x.scale / (count * out_scale)]), 0, out_zp, "i32",
+                              f"{why}: {what}")  # fmt: skip
+        if final != shape:
+            result = self.add("reshape", [result], final, "i8", new_shape=list(final))
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, final, out_scale, out_zp, False)
+
+    def reduce_axes(self, node: ir.Node, rank: int) -> list[int]:
+        """A Reduce op's axes (its attribute, or its second input from opset 18, 13 for ReduceSum),
+        sorted and non-negative; every axis when none are given."""
+        given = node.inputs[1] if len(node.inputs) > 1 else None
+        axes = self.known(given) if given is not None else None
+        if given is not None and axes is None:
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): its axes are not known when the shapes are static")
+        if axes is None:
+            attribute = node.attributes.get("axes")
+            axes = np.asarray(attribute.as_ints() if attribute is not None else [], np.int64)
+        if len(axes) == 0:
+            if node.attributes.get_int("noop_with_empty_axes", 0):
+                raise TosaError(f"node '{_name(node)}' ({node.op_type}): a reduction over no axes is not lowered")
+            return list(range(rank))
+        return sorted({int(a) % rank for a in axes})
 
     def add_constant(self, node: ir.Node, value: ir.Value, addend: Array | None) -> None:
         """A tensor plus a float constant that broadcasts to it (a number: a HardSwish written out; per
@@ -999,15 +1064,17 @@ class _Lowering:
         """An int32 sum, rounded to int8 for each QuantizeLinear reading it, kept as a stream for Adds."""
         value = node.outputs[0]
         readers = [u.node for u in value.uses()]
-        if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add") for r in readers):
+        if value.is_graph_output() or any(r.op_type not in ("QuantizeLinear", "Add", "Sub") for r in readers):
             kinds = ", ".join(sorted({r.op_type for r in readers})) or "a graph output"
             raise TosaError(
-                f"node '{_name(node)}' (Add): its sum is read by {kinds}; only by QuantizeLinear or Add is lowered"
+                f"node '{_name(node)}' ({node.op_type}): its int32 result is read by {kinds}; only by QuantizeLinear, "
+                "Add or Sub is lowered"
             )
         self.wide[str(value.name)] = total
         for q in (r for r in readers if r.op_type == "QuantizeLinear"):
             out_scale, out_zp = _params(q)
-            why = f"Add '{_name(node)}': the int32 sum to the int8 input '{q.outputs[0].name}' of its reader"
+            reader = q.outputs[0].name
+            why = f"{node.op_type} '{_name(node)}': the int32 result to the int8 input '{reader}' of its reader"
             result = self.rescale(total.name, total.shape, np.array([total.scale / out_scale]), 0, out_zp, "i32", why)
             self.tensors[str(q.outputs[0].name)] = _Tensor(result, total.shape, out_scale, out_zp, total.nhwc)
 
@@ -1054,6 +1121,8 @@ LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, 
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
              "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
              "Slice": _Lowering.slice_op, "Softmax": _Lowering.softmax, "LayerNormalization": _Lowering.layer_norm,
+             "Sub": _Lowering.sub_op, "ReduceMean": _Lowering.reduce, "ReduceSum": _Lowering.reduce,
+             "ReduceMax": _Lowering.reduce,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
 
 
@@ -1173,7 +1242,7 @@ def lower_to_tosa(
             if producer is None or producer.op_type != "DequantizeLinear":
                 if producer is not None and producer.op_type in KERNELS and node.op_type in ("Relu", "Clip"):
                     continue  # an activation lowered with its kernel
-                if producer is not None and producer.op_type == "Add" and node.op_type == "Add":
+                if producer is not None and producer.op_type == "Add" and node.op_type in ("Add", "Sub"):
                     continue  # a residual stream (int32)
                 raise TosaError(
                     f"node '{_name(node)}' ({node.op_type}) computes in float: its input '{value.name}' is not "

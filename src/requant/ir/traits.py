@@ -52,6 +52,7 @@ NON_DATA_INPUTS: dict[str, tuple[int, ...]] = {
     "Split": (1,),
     "Expand": (1,),
     "Tile": (1,),
+    **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"), (1,)),  # axes
     "Dropout": (1, 2),
     "LSTM": (3, 4, 5, 6, 7),  # bias, sequence lengths, initial states, peepholes: float inside the kernel
 }

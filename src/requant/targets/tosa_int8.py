@@ -13,7 +13,8 @@ Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``LayerNormalization``,
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
 ``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
-``Gather``, and ``ArgMax`` (its indices a result of the function).
+``Gather``, ``Sub`` of two tensors, ``ReduceMean``, ``ReduceSum``, ``ReduceMax``, and ``ArgMax`` (its indices a
+result of the function).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ STANDALONE = (
     "Resize",
     "Softmax",  # its own output type: int8 tables of exp, a row sum, an integer division
     "LayerNormalization",  # its own output type: integer mean, variance, square root (Newton), division
+    "Sub",  # of two tensors (a LayerNorm written out: x - mean); one by a constant is decomposed into an Add
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",  # one type in and out (below): tosa.reduce_max of the int8 values
 )
 
 
@@ -137,10 +142,8 @@ def _nearest(node: ir.Node) -> bool:
 # where calibration left the input and the output on different ones, a rescale goes before the op
 _ONE_TYPE = SameScale(RESCALE, "TOSA's op takes and gives one int8 type")
 SAME_SCALE = {
-    **dict.fromkeys(
-        ("MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Pad", "Gather", "Concat"),
-        _ONE_TYPE,
-    ),
+    **dict.fromkeys(("MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice"), _ONE_TYPE),
+    **dict.fromkeys(("Pad", "Gather", "Concat", "ReduceMax"), _ONE_TYPE),
     "Resize": SameScale(RESCALE, _ONE_TYPE.why + " (a nearest one: a bilinear one rescales its sums)", _nearest),
 }
 
