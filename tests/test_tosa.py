@@ -295,6 +295,38 @@ def test_reductions_and_a_difference_of_two_tensors_lower_to_integers() -> None:
     _iree_agrees(result, data[:4])
 
 
+def test_a_layer_norm_written_out_in_an_old_opset_is_fused_and_lowered() -> None:
+    """PaddlePaddle's LayerNorm op by op (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) in
+    an opset-12 model after a linear layer: tosa-int8 raises the opset to 17 (loading made it 13),
+    fuses it into one
+    LayerNormalization (the report's decompositions say so), and lowers that to integers: within a
+    step of ONNX Runtime's QDQ model, IREE bit for bit. (PP-OCRv4's recognizer lowers whole so.)"""
+    rng = np.random.default_rng(3)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(rng.uniform(0.5, 2.0, 16).astype(np.float32), "gamma"),
+        onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32) * 0.1, "beta"),
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+    ]
+    proto = onnx.parser.parse_model(
+        '<ir_version: 7, opset_import: ["" : 12]> g (float[1,5,8] x) => (float[1,5,16] y) {'
+        " h = MatMul(x, w) m = ReduceMean <axes = [-1]> (h) d = Sub(h, m) p = Pow(d, two)"
+        " v = ReduceMean <axes = [-1]> (p) ve = Add(v, eps) s = Sqrt(ve) n = Div(d, s) g1 = Mul(n, gamma)"
+        " y = Add(g1, beta) }"
+    )
+    proto.graph.initializer.extend(inits)
+    data = [{"x": rng.standard_normal((1, 5, 8)).astype(np.float32)} for _ in range(16)]
+    result = requant.api.quantize(proto, data, target="tosa-int8", measure=False)
+    assert result.tosa is not None
+    [fused] = result.report["quantizers"]["decomposed"]
+    assert "LayerNormalization" in fused["into"] and "to 17 for it" in fused["why"]
+    kinds = {op.kind for op in result.tosa.ops}
+    assert {"matmul", "intdiv", "clz"} <= kinds and "sub" in kinds
+    assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 1.0 + 1e-6
+    _iree_agrees(result, data[:3])
+
+
 def test_an_average_pool_that_does_not_count_its_padding_lowers_to_avg_pool2d() -> None:
     """PyTorch's ``AvgPool2d(count_include_pad=False, ceil_mode=True)`` between two convs: TOSA's
     avg_pool2d counts only the input's values in each window, as ONNX Runtime does; the lowered

@@ -56,6 +56,7 @@ from requant.errors import ArgumentError, RequantError
 from requant.frontends import LoadError, check_outputs, load, save_onnx, save_text, serialized_size
 from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
+from requant.passes._rewrite import with_opset
 from requant.passes.compute_in_float32 import HALF
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.quantizers.placement import Placement, place, price_kept_float
@@ -196,6 +197,26 @@ def _prepare(
     return prepared
 
 
+def _target_passes(model: ir.Model, target: Target) -> tuple[ir.Model, list[dict[str, str]]]:
+    """``model`` after the target's passes (``Target.passes``), its opset raised first where a pass
+    needs a newer one for what it finds, and what they rewrote (as the quantizers' decompositions are
+    reported)."""
+    done = []
+    for name in target.passes:
+        for rewrite in get_passes(name):
+            found = rewrite.finds(model)
+            current = model.opset_imports.get("", 0)
+            why = f"{target.name}: {rewrite.name}"
+            if found and current < rewrite.opset:
+                log.info("raising the opset from %d to %d for %s (ONNX's version converter)", current, rewrite.opset,
+                         rewrite.name)  # fmt: skip
+                model = with_opset(model, rewrite.opset)
+                why += f" (the model's opset raised from {current} to {rewrite.opset} for it)"
+            model, _ = run_passes(model, [rewrite])
+            done += [{"node": f, "into": rewrite.into or rewrite.name, "why": why} for f in found]
+    return model, done
+
+
 def _annotate(
     source: Any,
     quantizer: Quantizer | None,
@@ -214,6 +235,7 @@ def _annotate(
         source = source.clone()
     model = load(source, **load_options)
     model, _ = run_passes(model, get_passes("canonicalize"))
+    model, rewritten = _target_passes(model, chosen)
     for value in model.graph.inputs:
         if value.dtype == ir.DataType.BFLOAT16 and value.name not in model.graph.initializers:
             raise LoadError(
@@ -240,6 +262,7 @@ def _annotate(
         if smoothing.equalize:
             equalized = equalize_depthwise(model, smoothing.data, progress, smoothing.ranges, outputs=smoothing.outputs)
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)
+    report.decomposed[:0] = rewritten
     equalized = unless_per_channel(equalized)
     if half:
         kind = " and ".join(t.lower() for t in half)

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import onnx
 import onnx_ir as ir
 
 from requant.backends.dynamic_lstm import write_dynamic_lstms
@@ -35,7 +34,6 @@ from requant.backends.matmul_to_float import write_matmul_integer_to_float
 from requant.errors import RequantError
 from requant.ir.annotations import (
     iter_values,
-    load_annotations,
     quant_type,
     replace_value,
     set_parameter_type,
@@ -45,7 +43,7 @@ from requant.ir.annotations import (
 )
 from requant.ir.provenance import QUANTIZES_KEY, RESCALE_KEY
 from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, pads_with_zero
-from requant.passes._rewrite import drop_if_unused
+from requant.passes._rewrite import drop_if_unused, with_opset
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, asks_for_int8
 from requant.quantizers.shared import SharedSpecQuantizer
 from requant.types import (
@@ -261,13 +259,7 @@ def materialize_qdq(model: ir.Model) -> ir.Model:
     current = model.opset_imports.get("", 0)
     if current < needed:
         log.info("raising the opset from %d to %d for the quantized types (ONNX's version converter)", current, needed)
-        kept = {n.name: dict(n.metadata_props) for n in graph if n.name and n.metadata_props}
-        proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), needed)
-        model = ir.serde.deserialize_model(proto)
-        for node in model.graph:  # the converter drops node metadata (module paths, decisions): put it back
-            node.metadata_props.update(kept.get(node.name or "", {}))
-        load_annotations(model)
-        return materialize_qdq(model)
+        return materialize_qdq(with_opset(model, needed))
     _strip_debug_metadata(model)
     builder = _Builder(graph)
     first = next(iter(graph))

@@ -21,6 +21,14 @@ class Pass(ir.passes.InPlacePass):
 
     name: ClassVar[str]
     recurses_into_subgraphs: ClassVar[bool]
+    # the default domain's opset the pass's rewrites need (0: any); below it the pass changes nothing,
+    # and a caller that wants them raises the model's opset first where ``finds`` names something
+    opset: ClassVar[int] = 0
+    into: ClassVar[str] = ""  # what it rewrites ``finds`` into, for a report
+
+    def finds(self, model: ir.Model) -> list[str]:
+        """What the pass would rewrite in ``model`` at its ``opset`` (the first node of each)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<pass {self.name}>"

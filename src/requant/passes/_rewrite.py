@@ -6,9 +6,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 import onnx_ir as ir
 
-from requant.ir.annotations import replace_value
+from requant.ir.annotations import load_annotations, replace_value
 from requant.ir.queries import DEFAULT_DOMAINS, constant, fresh_name, graph_values, is_op
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "keeps_interface",
     "new_initializer",
     "take_over",
+    "with_opset",
 ]
 
 
@@ -32,6 +34,19 @@ def all_nodes(model: ir.Model, functions: bool = False) -> Iterator[ir.Node]:
     """
     graphs: list[ir.Graph | ir.Function] = [model.graph, *(model.functions.values() if functions else ())]
     return iter([node for graph in graphs for node in ir.traversal.RecursiveGraphIterator(graph)])
+
+
+def with_opset(model: ir.Model, version: int) -> ir.Model:
+    """``model`` converted to the default domain's opset ``version`` by ONNX's version converter (a new
+    model), its nodes' metadata (module paths, decisions), which the converter drops, and its values'
+    annotations put back."""
+    kept = {n.name: dict(n.metadata_props) for n in model.graph if n.name and n.metadata_props}
+    proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), version)
+    converted = ir.serde.deserialize_model(proto)
+    for node in converted.graph:
+        node.metadata_props.update(kept.get(node.name or "", {}))
+    load_annotations(converted)
+    return converted
 
 
 def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.generic]) -> ir.Value:

@@ -45,6 +45,9 @@ class Target:
     # what its ops and kernels cost, for placement and the accuracy budget's choice (None: every int8 op
     # the table allows is placed int8, and the budget keeps the fewest kernels float)
     costs: CostModel | None = None
+    # passes run after canonicalize for this target (by name): rewrites its backend needs, such as a
+    # LayerNorm written out fused into the op tosa-int8 lowers (the model's opset raised where one needs it)
+    passes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return self.name
@@ -79,6 +82,7 @@ TARGETS: dict[str, Target] = {
             TOSA_INT32,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_PER_CHANNEL_WEIGHTS"),  # no float outputs: integer-only
             backend="tosa",
+            passes=("fuse-layer-norm",),
         ),
     )
 }
