@@ -258,7 +258,8 @@ def _annotate(
         progress = smoothing.progress or terminal_progress("measuring channels")
         if smoothing.alpha:
             smoothed = smooth_linears(model, smoothing.data, smoothing.alpha, progress, smoothing.ranges)
-            quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
+            if chosen.backend != "tosa":  # integer-only: there a Mul by a positive constant is a per-channel rescale
+                quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
         if smoothing.equalize:
             equalized = equalize_depthwise(model, smoothing.data, progress, smoothing.ranges, outputs=smoothing.outputs)
     report = quantizer.quantize(model, strict=strict, presets=chosen.presets)

@@ -69,7 +69,8 @@ def _name(node: ir.Node) -> str:
 @dataclass(frozen=True)
 class Edge:
     """A model input or output: its name, shape, and the int8 scale and zero point it is exchanged in;
-    or (``dtype`` "i32") an output of integers that are not quantized values (an ArgMax's indices)."""
+    or (``dtype`` "i32") integers that are not quantized values: an output of an ArgMax's indices, an
+    input of indices a Gather reads (token ids)."""
 
     name: str
     shape: tuple[int, ...]
@@ -78,7 +79,10 @@ class Edge:
     dtype: str = "i8"
 
     def quantize(self, x: npt.ArrayLike) -> Array:
-        """What the host gives the program for float ``x`` (``qcast``, half to even, as ONNX Runtime)."""
+        """What the host gives the program for float ``x`` (``qcast``, half to even, as ONNX Runtime);
+        for an input of indices (``dtype`` "i32": token ids), the integers as int32."""
+        if self.dtype != "i8":
+            return np.asarray(x).astype(np.int32)
         return qcast(np.asarray(x, np.float32), UniformQuantizedType("i8", "f32", self.scale, self.zero_point))
 
     def dequantize(self, q: npt.ArrayLike) -> Array:
@@ -161,6 +165,7 @@ class _Lowering:
         self.graph = graph
         self.shapes = shapes
         self.integers = integers  # integer tensors' values (batch 1)
+        self.index_inputs: dict[str, _Tensor] = {}  # the i32 arguments of indices a Gather reads, by input name
         self.ops: list[TosaOp] = []
         self.tensors: dict[str, _Tensor] = {}  # ONNX value name -> int8 tensor
         self.wide: dict[str, _Tensor] = {}  # a float sum's ONNX name -> its int32 stream
@@ -443,8 +448,9 @@ class _Lowering:
         return self.add("reshape", [t.name], shape, "i32" if t.wide else "i8", new_shape=list(shape))
 
     def same_scale(self, node: ir.Node) -> _Tensor:
-        """The int8 input of an op that moves or selects values: its output must be quantized alike."""
-        x = self.source(node.inputs[0], node)
+        """The int8 input of an op that moves or selects values (a tensor, or a constant: an embedding
+        table): its output must be quantized alike."""
+        x = self.operand(node.inputs[0], node)
         _, scale, zp = self.quantized_output(node.outputs[0], node)
         if not math.isclose(scale, x.scale, rel_tol=1e-6) or zp != x.zero_point:
             raise TosaError(f"node '{_name(node)}' ({node.op_type}): its input and output are quantized differently")
@@ -483,7 +489,11 @@ class _Lowering:
 
     def gather(self, node: ir.Node) -> None:
         """A Gather of int8 values at indices known once the shapes are static: ``tosa.gather`` on
-        the values as ``[outer, K, inner]`` with the indices repeated for each outer row."""
+        the values as ``[outer, K, inner]`` with the indices repeated for each outer row; or at the
+        indices of an input (:meth:`lookup`)."""
+        if node.inputs[1] is not None and str(node.inputs[1].name) in self.index_inputs:
+            self.lookup(node)
+            return
         x = self.same_scale(node)
         x = self.nchw(x)
         indices = self.known(node.inputs[1])
@@ -498,6 +508,27 @@ class _Lowering:
         picked = self.add("gather", [values, table], (outer, len(flat), inner), "i8")
         shape = self.shape_of(node.outputs[0])
         self.finish(node, self.add("reshape", [picked], shape, "i8", new_shape=list(shape)), shape, False)
+
+    def lookup(self, node: ir.Node) -> None:
+        """An embedding: rows of a constant int8 table (``[K, C]``, axis 0) at the indices the host gives
+        (an i32 input: token ids), one ``tosa.gather`` of the table as ``[1, K, C]``."""
+        table = self.operand(node.inputs[0], node)
+        if len(table.shape) != 2 or node.attributes.get_int("axis", 0) != 0:
+            raise TosaError(f"node '{_name(node)}' (Gather): rows of a 2-d table at an input's indices are lowered, "
+                            f"not axis {node.attributes.get_int('axis', 0)} of {list(table.shape)}")  # fmt: skip
+        ids = self.index_inputs[str(node.inputs[1].name)]  # type: ignore[union-attr]
+        count = int(np.prod(ids.shape, dtype=np.int64))
+        rows, width = table.shape
+        values = self.add("reshape", [table.name], (1, rows, width), "i8", new_shape=[1, rows, width])
+        flat = self.add("reshape", [ids.name], (1, count), "i32", new_shape=[1, count])
+        picked = self.add("gather", [values, flat], (1, count, width), "i8")
+        shape = self.shape_of(node.outputs[0])
+        q, scale, zp = self.quantized_output(node.outputs[0], node)
+        if not math.isclose(scale, table.scale, rel_tol=1e-6) or zp != table.zero_point:
+            raise TosaError(f"node '{_name(node)}' (Gather): its table and its rows are quantized differently")
+        self.tensors[str(q.outputs[0].name)] = _Tensor(
+            self.add("reshape", [picked], shape, "i8", new_shape=list(shape)), shape, scale, zp
+        )
 
     def identity(self, node: ir.Node) -> None:
         """An Identity moves its int8 values; one propagation inserted (``RESCALE_KEY``: where an op
@@ -839,15 +870,9 @@ class _Lowering:
         self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
 
     def layer_norm(self, node: ir.Node) -> None:
-        """LayerNormalization over the last axis, in integers. With ``v = q - zp`` and ``n`` values a row,
-        ``S = sum(v)`` split as ``n a + r`` (``tosa.intdiv``): ``V = sum(v**2) - n a**2 - 2 a r - r**2 / n``
-        is ``n`` times the variance (to within 1: no term leaves int32), taken ``4**j`` finer where int32
-        holds it, plus epsilon on that scale (at least 1: a constant row); ``V`` shifted left by an even
-        ``2 m`` (``tosa.clz``) into ``[2**29, 2**31)``, and its square root
-        by six Newton steps of ``tosa.intdiv`` from ``46341`` (from above): 15 bits whatever the row's
-        spread. ``c = n v - S`` shifted left by ``s + m + j`` over that root is the normalized value times
-        ``sqrt(n) 2**s``; a rescale per channel by ``|gamma|`` (its sign a ``tosa.mul``), ``beta`` added
-        2**8 finer, a rescale to the int8 output."""
+        """LayerNormalization over the last axis, in integers (:meth:`normalized`, centred): the
+        normalized value times ``sqrt(n) 2**s``; a rescale per channel by ``|gamma|`` (its sign a
+        ``tosa.mul``), ``beta`` added 2**8 finer, a rescale to the int8 output."""
         x = self.nchw(self.source(node.inputs[0], node))
         rank = len(x.shape)
         axis = node.attributes.get_int("axis", -1) % rank
@@ -858,13 +883,55 @@ class _Lowering:
         beta = _constant_value(node.inputs[2], node) if len(node.inputs) > 2 and node.inputs[2] is not None else None
         if gamma is None:
             raise TosaError(f"node '{_name(node)}' (LayerNormalization): its scale is not a constant")
-        shift = math.floor(15.5 - math.log2(n) - 1e-9)  # |c| 2**m < n 2**15.5: c 2**(shift + m) stays in int32
-        if shift < 0:
-            raise TosaError(f"node '{_name(node)}' (LayerNormalization): rows of {n} values (46,340 at most)")
         gamma = np.broadcast_to(np.asarray(gamma, np.float64).reshape(-1), (n,))
         beta = np.zeros(n) if beta is None else np.broadcast_to(np.asarray(beta, np.float64).reshape(-1), (n,))
         q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
         why = f"LayerNormalization '{_name(node)}'"
+        epsilon = node.attributes.get_float("epsilon", 1e-5)
+        unit, step = self.normalized(node, x, why, epsilon * n / x.scale**2, centred=True)
+        ones = (1,) * rank
+        signs = np.where(gamma < 0, -1, 1).reshape((*ones[:-1], n))
+        unit = self.add("mul", [unit, self.const(signs, "i32"), self.const(np.zeros(1), "i8")], x.shape, "i32")
+        fine = 256.0 / out_scale
+        scaled = self.rescale(unit, x.shape, np.abs(gamma) * step * fine, 0, 0, "i32",
+                              why + ": times gamma, 2**8 finer than its output", dtype_out="i32")  # fmt: skip
+        offset = self.const(np.rint(beta * fine).astype(np.int64).reshape((*ones[:-1], n)), "i32")
+        total = self.add("add", [scaled, offset], x.shape, "i32")
+        result = self.rescale(total, x.shape, np.array([1 / 256]), 0, out_zp, "i32", why + ": to its int8 output")
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
+
+    def l2_normalize(self, node: ir.Node) -> None:
+        """LpNormalization with ``p`` 2 over the last axis (a sentence embedding's, fused from ReduceL2,
+        Clip, Expand, Div by the target's pass), in integers (:meth:`normalized`, not centred): each
+        value over the row's root sum of squares, times ``2**s``, rescaled to the int8 output."""
+        x = self.nchw(self.source(node.inputs[0], node))
+        rank = len(x.shape)
+        if node.attributes.get_int("axis", -1) % rank != rank - 1 or node.attributes.get_int("p", 2) != 2:
+            raise TosaError(f"node '{_name(node)}' (LpNormalization): p 2 over the last axis is lowered")
+        q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
+        why = f"LpNormalization '{_name(node)}'"
+        unit, step = self.normalized(node, x, why, 0.0, centred=False)
+        scale = np.array([step / out_scale])
+        result = self.rescale(unit, x.shape, scale, 0, out_zp, "i32", f"{why}: to its int8 output")
+        self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
+
+    def normalized(self, node: ir.Node, x: _Tensor, why: str, epsilon: float, centred: bool) -> tuple[str, float]:
+        """Each value of the int8 rows ``x`` (last axis, ``n`` values) over the root of the row's sum of
+        squares, in int32: the int32 tensor, and the real value of its unit. With ``v = q - zp``:
+        ``centred`` (a LayerNorm), ``S = sum(v)`` split as ``n a + r`` (``tosa.intdiv``) gives
+        ``V = sum(v**2) - n a**2 - 2 a r - r**2 / n``, ``n`` times the variance (to within 1: no term
+        leaves int32), and ``c = n v - S``; otherwise ``V = sum(v**2)`` and ``c = v``. ``V`` is taken
+        ``4**j`` finer where int32 holds it, plus ``epsilon`` (in steps squared) on that scale (at least
+        1: a constant row); shifted left by an even ``2 m`` (``tosa.clz``) into ``[2**29, 2**31)``, its
+        square root by six Newton steps of ``tosa.intdiv`` from ``46341`` (from above): 15 bits whatever
+        the row's spread. ``c`` shifted left by ``s + m + j`` over that root is ``c / sqrt(V) 2**s``:
+        the normalized value times ``sqrt(n) 2**s`` (centred), or the value over the norm times ``2**s``."""
+        rank, n = len(x.shape), x.shape[-1]
+        axis = rank - 1
+        # |c| 2**m < sqrt(n) 2**15.5 (centred: n |v - mean| <= sqrt(n V)) or 2**15.5: c 2**(shift + m) stays in int32
+        shift = math.floor(15.5 - (math.log2(n) if centred else 0.0) - 1e-9)
+        if shift < 0:
+            raise TosaError(f"node '{_name(node)}' ({node.op_type}): rows of {n} values (46,340 at most)")
         reduced = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
         ones, no_shift = (1,) * rank, self.const(np.zeros(1), "i8")
 
@@ -875,20 +942,21 @@ class _Lowering:
             return self.const(np.full(ones, value), "i32")
 
         values = self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero point removed")
-        total = self.add("reduce_sum", [values], reduced, "i32", axis=axis)
+        total = self.add("reduce_sum", [values], reduced, "i32", axis=axis) if centred else ""
         squares = self.add("reduce_sum", [op("mul", values, values, shape=x.shape)], reduced, "i32", axis=axis)
-        whole = op("intdiv", total, number(n))  # a
-        multiple = op("mul", whole, number(n))  # n a
-        rest = op("sub", total, multiple)  # r
-        cross = op("mul", whole, rest)
-        spread = op("sub", op("sub", squares, op("mul", multiple, whole)), op("add", cross, cross))
-        spread = op("sub", spread, op("intdiv", op("mul", rest, rest), number(n)))  # n var, in steps
+        spread = squares
+        if centred:
+            whole = op("intdiv", total, number(n))  # a
+            multiple = op("mul", whole, number(n))  # n a
+            rest = op("sub", total, multiple)  # r
+            cross = op("mul", whole, rest)
+            spread = op("sub", op("sub", squares, op("mul", multiple, whole)), op("add", cross, cross))
+            spread = op("sub", spread, op("intdiv", op("mul", rest, rest), number(n)))  # n var, in steps
         # 4**j finer (as far as int32 holds it), plus epsilon: at least 1, so that a constant row divides by
         # something, and 1 is 4**-j of a step there
         j = max(0, (30 - math.ceil(math.log2(n * 65025 + 1))) // 2)
-        epsilon = node.attributes.get_float("epsilon", 1e-5)
         spread = op("mul", spread, number(4**j))
-        spread = op("add", spread, number(int(np.clip(round(epsilon * n * 4**j / x.scale**2), 1, 2**29))))  # < 2**31
+        spread = op("add", spread, number(int(np.clip(round(epsilon * 4**j), 1, 2**29))))  # < 2**31
         half = op("intdiv", op("sub", op("clz", spread), number(1)), number(2))  # m
         # (at most 31 - shift - j, so that c's shift stays within 31 bits: only a near-constant row reaches it)
         half = op("minimum", half, number(31 - shift - j))  # (tosa.clamp takes no int32 in the int profile)
@@ -896,19 +964,10 @@ class _Lowering:
         root = self.const(np.full(reduced, 46341), "i32")  # >= sqrt(2**31): Newton from above
         for _ in range(6):
             root = op("intdiv", op("add", root, op("intdiv", normal, root)), number(2))
-        centred = op("sub", op("mul", values, number(n), shape=x.shape), total, shape=x.shape)  # n (v - mean)
-        moved = op("logical_left_shift", centred, op("add", half, number(shift + j)), shape=x.shape)
-        unit = op("intdiv", moved, root, shape=x.shape)  # the normalized value times sqrt(n) 2**shift
-        signs = np.where(gamma < 0, -1, 1).reshape((*ones[:-1], n))
-        unit = op("mul", unit, self.const(signs, "i32"), shape=x.shape)
-        fine = 256.0 / out_scale
-        scales = np.abs(gamma) / (math.sqrt(n) * 2.0**shift) * fine
-        scaled = self.rescale(unit, x.shape, scales, 0, 0, "i32", why + ": times gamma, 2**8 finer than its output",
-                              dtype_out="i32")  # fmt: skip
-        offset = self.const(np.rint(beta * fine).astype(np.int64).reshape((*ones[:-1], n)), "i32")
-        result = self.rescale(op("add", scaled, offset, shape=x.shape), x.shape, np.array([1 / 256]), 0, out_zp,
-                              "i32", why + ": to its int8 output")  # fmt: skip
-        self.tensors[str(q.outputs[0].name)] = _Tensor(result, x.shape, out_scale, out_zp)
+        centre = op("sub", op("mul", values, number(n), shape=x.shape), total, shape=x.shape) if centred else values
+        moved = op("logical_left_shift", centre, op("add", half, number(shift + j)), shape=x.shape)
+        unit = op("intdiv", moved, root, shape=x.shape)
+        return unit, 1.0 / ((math.sqrt(n) if centred else 1.0) * 2.0**shift)
 
     def mul(self, node: ir.Node) -> None:
         """A product of two int8 tensors (or one and an int8 constant), broadcast as ONNX does: both
@@ -1121,6 +1180,7 @@ LOWERINGS = {"Conv": _Lowering.conv, "ConvTranspose": _Lowering.conv_transpose, 
              "Mul": _Lowering.mul, "Concat": _Lowering.concat, "AveragePool": _Lowering.average_pool,
              "Transpose": _Lowering.transpose_op, "Pad": _Lowering.pad, "Resize": _Lowering.resize,
              "Slice": _Lowering.slice_op, "Softmax": _Lowering.softmax, "LayerNormalization": _Lowering.layer_norm,
+             "LpNormalization": _Lowering.l2_normalize,
              "Sub": _Lowering.sub_op, "ReduceMean": _Lowering.reduce, "ReduceSum": _Lowering.reduce,
              "ReduceMax": _Lowering.reduce,
              **{op: _Lowering.table for op in UNARY}}  # fmt: skip
@@ -1218,6 +1278,22 @@ def _static_shapes(
     return shapes, integers
 
 
+def _indices_only(value: ir.Value) -> bool:
+    """An integer input read only as the indices of Gathers (and by shape arithmetic)."""
+    integer = value.dtype in (ir.DataType.INT64, ir.DataType.INT32)
+    uses = [u for u in value.uses() if u.node.op_type not in SHAPE_OPS]
+    return integer and bool(uses) and all(u.node.op_type == "Gather" and u.idx == 1 for u in uses)
+
+
+def _computed_from_indices(model: ir.Model) -> set[str]:
+    """The values computed from an input of indices (their values depend on what the host gives)."""
+    found = {str(v.name) for v in model.graph.inputs if _indices_only(v)}
+    for node in model.graph:
+        if any(v is not None and str(v.name) in found for v in node.inputs):
+            found |= {str(o.name) for o in node.outputs}
+    return found
+
+
 def _reads_dequantized(node: ir.Node) -> bool:
     producer = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
     return producer is not None and producer.op_type == "DequantizeLinear"
@@ -1250,11 +1326,20 @@ def lower_to_tosa(
                     _name(node),
                 )
     static, integers = _static_shapes(model, shapes)
+    for name in _computed_from_indices(model):  # ran on zeros: not what the program computes from its inputs
+        integers.pop(name, None)
     lowering = _Lowering(model.graph, static, integers)
     inputs: list[Edge] = []
     arguments: list[str] = []
     for value in model.graph.inputs:
         uses = [u.node for u in value.uses()]
+        if _indices_only(value):  # token ids: an i32 argument, rows of a table gathered at run time
+            shape = lowering.shape_of(value)
+            name = f"%arg{len(arguments)}"
+            arguments.append(name)
+            inputs.append(Edge(str(value.name), shape, 1.0, 0, "i32"))
+            lowering.index_inputs[str(value.name)] = _Tensor(name, shape, 1.0, 0)
+            continue
         quantizers = [n for n in uses if n.op_type == "QuantizeLinear"]
         if len(quantizers) != 1 or any(n.op_type not in ("QuantizeLinear", *SHAPE_OPS) for n in uses):
             raise TosaError(f"input '{value.name}' is not read through one QuantizeLinear (the function takes int8)")

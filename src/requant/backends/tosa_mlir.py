@@ -86,9 +86,9 @@ def to_mlir(program: TosaProgram, rounding: str | None = None, name: str = "main
             lines.append(f"//   {what} {e.name}: i8 {list(e.shape)} scale {e.scale!r} zero_point {e.zero_point}")
     lines.append("// quantized tensors of the model (requant's types; uint8 ones are stored here as int8, zp - 128):")
     lines += [f"//   {n}: {t}" for n, t in sorted(program.types.items())]
-    args = ", ".join(f"{a}: {_type(e.shape, 'i8')}" for a, e in zip(program.arguments, program.inputs, strict=True))
+    args = ", ".join(f"{a}: {_type(e.shape, e.dtype)}" for a, e in zip(program.arguments, program.inputs, strict=True))
     for a, e in zip(program.arguments, program.inputs, strict=True):
-        types[a] = _type(e.shape, "i8")
+        types[a] = _type(e.shape, e.dtype)
     results = ", ".join(_type(e.shape, e.dtype) for e in program.outputs)
     lines.append(f"func.func @{name}({args}) -> ({results}) {{")
     for op in program.ops:

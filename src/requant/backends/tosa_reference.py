@@ -361,9 +361,10 @@ def run_tosa(
     values: dict[str, Array] = {}
     for name, edge in zip(program.arguments, program.inputs, strict=True):
         array = np.asarray(inputs[edge.name])
-        if array.dtype != np.int8 or array.shape != edge.shape:
+        wanted = np.int8 if edge.dtype == "i8" else np.int32
+        if array.dtype != wanted or array.shape != edge.shape:
             got = f"{array.dtype} {list(array.shape)}"
-            raise TosaError(f"input '{edge.name}': expected int8 {list(edge.shape)}, got {got}")
+            raise TosaError(f"input '{edge.name}': expected {np.dtype(wanted).name} {list(edge.shape)}, got {got}")
         values[name] = array
     for op in program.ops:
         result = OPS[op.kind](op, [values[i] for i in op.inputs], rounding)

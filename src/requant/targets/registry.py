@@ -82,7 +82,7 @@ TARGETS: dict[str, Target] = {
             TOSA_INT32,
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_PER_CHANNEL_WEIGHTS"),  # no float outputs: integer-only
             backend="tosa",
-            passes=("fuse-layer-norm",),
+            passes=("fuse-layer-norm", "fuse-l2-normalize"),
         ),
     )
 }

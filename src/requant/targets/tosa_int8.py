@@ -13,8 +13,8 @@ Relu or Clip, ``Add``, ``Mul``, ``Relu``, ``Clip``,
 ``LayerNormalization``,
 ``MaxPool``, ``AveragePool``, ``GlobalAveragePool``, ``Concat``, ``Reshape``, ``Flatten``,
 ``Transpose``, ``Pad``, ``Slice`` (steps too), nearest and bilinear ``Resize`` (upsampling),
-``Gather``, ``Sub`` of two tensors, ``ReduceMean``, ``ReduceSum``, ``ReduceMax``, and ``ArgMax`` (its indices a
-result of the function).
+``Gather`` (at known indices, or at an input's: token ids), ``Sub`` of two tensors, ``ReduceMean``,
+``ReduceSum``, ``ReduceMax``, ``LpNormalization`` (p 2), and ``ArgMax`` (its indices a result of the function).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ STANDALONE = (
     "ReduceMean",
     "ReduceSum",
     "ReduceMax",  # one type in and out (below): tosa.reduce_max of the int8 values
+    "LpNormalization",  # p 2, the last axis: as a LayerNorm's integers, not centred
 )
 
 
