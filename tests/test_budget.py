@@ -300,12 +300,12 @@ def test_a_kernel_after_a_dropped_relu_is_measured_on_clamped_values() -> None:
     anyway) and records the value it stands for; the ranking's float variant of that conv must read
     the ReLU's output, not its input (it read negative values the float model never gives it)."""
     result = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz",
-                              max_drop=2.5e-5, metric="cosine", measure=False)  # fmt: skip
+                              max_drop=5e-6, metric="cosine", measure=False)  # fmt: skip
     first = requant.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)  # the first pass's model
     proto = ir.serde.serialize_model(first.model)
     dropped = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"
                and any(p.key == "requant.quantizes" for p in n.metadata_props)]  # fmt: skip
     assert dropped, "no QuantizeLinear stands for a dropped clamp: the case is not exercised"
     effects = {k["node"]: k["effect_db"] for k in result.report["accuracy_budget"]["kept_float"]}
-    # measured: node_conv2d +1.06 dB, node_conv2d_1 +0.34 dB (the Gemm +0.18 dB)
+    # measured: node_conv2d +3.62 dB, node_conv2d_1 +0.95 dB (1 - cosine 1.0e-5 at first, with float logits)
     assert set(effects) == {"node_conv2d", "node_conv2d_1"} and all(e > 0.1 for e in effects.values()), effects

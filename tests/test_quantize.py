@@ -212,8 +212,11 @@ def test_a_bias_that_would_overflow_int32_raises_the_weight_scale() -> None:
     assert np.all(np.abs(stored.astype(np.float64) * bias_scale - bias) <= np.abs(bias) * 2**-23 + bias_scale / 2)
     session = ort.InferenceSession(ir.to_proto(result.model).SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": x})
-    y_scale = float(out["y_scale"])  # output error: one rounding step of y plus the weights' (now coarse) rounding
-    assert np.abs(y - (x @ weight + bias)).max() <= y_scale
+    # output error: the weights' (now coarse) rounding, and one step of y where it is quantized
+    assert (
+        np.abs(y - (x @ weight + bias)).max()
+        <= _output_step(out, y) + np.abs(x).sum(1).max() * float(np.max(out["w_scale"])) / 2
+    )
 
 
 def test_the_int32_accumulator_keeps_room_for_the_products_beside_the_bias() -> None:
@@ -248,7 +251,15 @@ def test_the_int32_accumulator_keeps_room_for_the_products_beside_the_bias() -> 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": x})
     # one output step, plus the dead channel's weight rounding (its scale was raised): well under 0.1
-    assert np.abs(y - (x @ weight + bias)).max() <= float(out["y_scale"]) + 0.05
+    assert np.abs(y - (x @ weight + bias)).max() <= _output_step(out, y) + 0.05
+
+
+def _output_step(stored: dict[str, np.ndarray], y: np.ndarray) -> float:
+    """One step of the output ``y`` where the model quantizes it; a kernel whose output is only the
+    model's writes it in float (ONNX Runtime's QGemm): float32's rounding there."""
+    if "y_scale" in stored:
+        return float(stored["y_scale"])
+    return 1e-5 * max(1.0, float(np.abs(y).max()))
 
 
 def _saturating_gemm() -> tuple[Any, np.ndarray, np.ndarray]:
@@ -284,8 +295,8 @@ def _run_exactly(result: Any, x: np.ndarray, weight: np.ndarray, stored_offset: 
     reference = ((xq - xzp) * xs) @ (wq * out["w_scale"])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": x})
-    assert np.abs(y - reference).max() <= float(out["y_scale"]) * 0.51
-    assert np.abs(y - x @ weight).max() <= float(out["y_scale"]) + np.abs(x @ weight - reference).max()
+    assert np.abs(y - reference).max() <= _output_step(out, y) * 0.51
+    assert np.abs(y - x @ weight).max() <= _output_step(out, y) + np.abs(x @ weight - reference).max()
 
 
 def test_uint8_weights_are_multiplied_exactly_where_int8_pairs_would_saturate() -> None:
@@ -348,7 +359,7 @@ def test_lint_finds_the_kernels_that_can_saturate_and_their_worst_error(tmp_path
     (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": worst})
     error = np.abs(y[0] - reference).max()
     predicted = finding["worst_error"] if PAIRS_SATURATE else 0.0  # with VNNI this CPU adds in int32: exact
-    assert abs(error - predicted) <= float(out["y_scale"]), (error, finding)
+    assert abs(error - predicted) <= _output_step(out, y), (error, finding)
     path = tmp_path / "full.onnx"
     full.save(path)
     flagged = subprocess.run([sys.executable, "-m", "requant", "lint", str(path), "--strict"], capture_output=True,
@@ -518,7 +529,7 @@ def test_an_embedding_table_is_stored_int8_and_gathered_int8() -> None:
     y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
     exact = table[ids] @ weight
     # the table's rounding (half a step, times the sum of |w| over 16 inputs) plus the output's
-    table_step, y_step = float(stored["table_scale"]), float(stored["y_scale"])
+    table_step, y_step = float(stored["table_scale"]), _output_step(stored, y)
     assert np.abs(y - exact).max() <= table_step / 2 * np.abs(weight).sum(0).max() * 1.25 + y_step
 
 
@@ -736,7 +747,8 @@ def test_the_models_own_inputs_and_outputs_are_never_clipped() -> None:
     for method in ("percentile", "mean_minmax", "mse"):
         result = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", method=method, measure=False)
         observers = {c["value"]: c["observer"] for c in result.report["calibrated"] if c["kind"] == "activation"}
-        assert observers == {"x": "minmax", "relu": method, "relu_1": method, "linear": "minmax"}
+        # the logits are not quantized at all: the Gemm's output is only the model's (a float output)
+        assert observers == {"x": "minmax", "relu": method, "relu_1": method}
 
 
 def test_method_auto_keeps_the_method_whose_output_is_closest_to_float() -> None:

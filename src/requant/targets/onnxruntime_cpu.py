@@ -222,4 +222,5 @@ ONNXRUNTIME_CPU = SupportTable(
         AVERAGE_POOL_AS_DEPTHWISE,
     ),
     dict.fromkeys(("MaxPool", "Resize", "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split"), _DROPS_QDQ),
+    lambda node: _check_float_output(node).accepted,
 )

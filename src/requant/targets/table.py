@@ -112,6 +112,9 @@ class SupportTable:
     kernel for, rewritten into ops it has before the quantizers annotate (by op type).
     ``same_scale``: the ops whose data inputs and output must carry one type, by op type, and what
     the target does where they differ (:mod:`requant.targets.constraints`; propagation resolves them).
+    ``float_results``: the kernels the target computes in int8 with a float output (ONNX Runtime's QGemm
+    and MatMulIntegerToFloat); one whose output only the model's caller reads (a classifier's logits)
+    keeps it float: no reader needs it rounded to 8 bits. None: every output is quantized (TOSA).
     """
 
     name: str
@@ -119,6 +122,7 @@ class SupportTable:
     weight_rule: WeightRule | None = None
     decompositions: tuple[Decomposition, ...] = ()
     same_scale: Mapping[str, SameScale] = field(default_factory=dict)
+    float_results: Callable[[ir.Node], bool] | None = None
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))
