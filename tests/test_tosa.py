@@ -200,6 +200,31 @@ def test_the_digits_cnn_as_integer_tosa(tmp_path: Path) -> None:
     assert result.report["tosa"]["against_qdq"]["largest_difference_steps"] <= 2.0
 
 
+def test_the_report_measures_the_integer_program_against_float_on_the_evaluation_data() -> None:
+    """With evaluation data, the report's ``tosa.against_float`` is the program's own top-1 agreement,
+    cosine and SQNR against the float model (requant's interpreter, the first 32 samples), beside the
+    QDQ model's ``evaluation``, and the summary says it; the answers are the ones run_tosa gives."""
+    result = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", eval_data=DIGITS / "eval.npz",
+                                  target="tosa-int8", measure=False)  # fmt: skip
+    assert result.tosa is not None
+    against = result.report["tosa"]["against_float"]
+    assert against["samples"] == requant.api.TOSA_EVAL_SAMPLES == 32
+    with np.load(DIGITS / "eval.npz") as e:
+        x = e["x"][:32]
+    edge = result.tosa.inputs[0]
+    floats = ort.InferenceSession(str(DIGITS / "digits_cnn.onnx"), providers=["CPUExecutionProvider"])
+    same = [
+        int(run_tosa(result.tosa, {edge.name: edge.quantize(x[i : i + 1])})[0].argmax())
+        == int(floats.run(None, {"x": x[i : i + 1]})[0].argmax())
+        for i in range(32)
+    ]
+    assert against["top1_agreement"] == pytest.approx(np.mean(same)) and against["sqnr_db"] > 30
+    assert (
+        f"TOSA against float on 32 evaluation samples: top-1 agreement {against['top1_agreement']:.4f}"
+        in (result.report["summary"])
+    )
+
+
 def _one_kernel_model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     proto = onnx.parser.parse_model(
         '<ir_version: 8, opset_import: ["" : 17]> g (float[1,3,9,9] x) => (float[1,5] y) {'

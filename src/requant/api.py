@@ -493,6 +493,7 @@ def _agreement(model: ir.Model, reference: _Reference, q_session: Any, data: Any
 
 
 TENSOR_SAMPLES = 16  # the evaluation samples every quantized tensor is compared on, for the report
+TOSA_EVAL_SAMPLES = 32  # the evaluation samples the TOSA program runs on in requant's interpreter, against float
 RANKING_SAMPLES = 64  # the calibration samples the budget's ranking measures each kernel's effect on
 SKETCH_SAMPLES = 8  # the samples each candidate of method="auto" has its biases corrected on, to compare
 # method="auto" compares its candidates with biases corrected only when their uncorrected SQNRs are
@@ -1031,6 +1032,8 @@ def quantize(
                 raise TosaError(f"{error}: {why[0]}", error.node) from None
             raise
         report["tosa"] = _tosa_record(program, quantized_proto, quantized, calibration_data, accumulator_bits)
+        if eval_data is not None and reference is not None:
+            report["tosa"]["against_float"] = _tosa_against_float(program, quantized, reference, eval_data)
     result = QuantizedModel(quantized, report, program)
     result.report["summary"] = summary(result.report, lint_result)
     if output is not None:
@@ -1111,6 +1114,43 @@ def _tosa_record(
             **({"same_indices": float(np.mean(same))} if same else {}),
         },
     }
+
+
+class _TosaRun:
+    """A TOSA program behind ONNX Runtime's ``run(None, feeds)``: inputs quantized as the host does,
+    the program run in requant's interpreter, its outputs dequantized."""
+
+    def __init__(self, program: TosaProgram) -> None:
+        self.program = program
+
+    def run(self, _: Any, feeds: Mapping[str, Any]) -> list[npt.NDArray[Any]]:
+        ints = {e.name: e.quantize(feeds[e.name]) for e in self.program.inputs}
+        return [e.dequantize(o) for e, o in zip(self.program.outputs, run_tosa(self.program, ints), strict=True)]
+
+
+def _tosa_against_float(
+    program: TosaProgram, quantized: ir.Model, reference: _Reference, eval_data: Any
+) -> dict[str, Any]:
+    """The integer program against the float model on the first ``TOSA_EVAL_SAMPLES`` evaluation
+    samples of the program's shapes (requant's interpreter: seconds a sample on large inputs), as
+    ``evaluation`` measures the QDQ model: top-1 agreement, cosine, SQNR; or why not."""
+    data, _ = _split_labels(eval_data, {str(v.name) for v in quantized.graph.inputs})
+    shapes = {e.name: e.shape for e in program.inputs}
+    samples: list[Mapping[str, Any]] = []
+    skipped = False
+    for sample in iter_samples(quantized, data, "evaluation"):
+        if len(samples) == TOSA_EVAL_SAMPLES:
+            break
+        if all(tuple(np.shape(sample[name])) == shape for name, shape in shapes.items()):
+            samples.append(sample)
+        else:
+            skipped = True
+    if not samples:
+        return {"samples": 0.0, "why": f"no evaluation sample has the program's input shapes {shapes}"}
+    # the float outputs the report's evaluation kept are of the first samples: theirs while none is skipped
+    known = reference if not skipped else _Reference(reference.proto)
+    measured = _agreement(quantized, known, _TosaRun(program), samples)
+    return {**measured, "interpreter": "requant's (the same integers as IREE's)"}
 
 
 def _budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None) -> str:
@@ -1203,6 +1243,15 @@ def summary(report: Mapping[str, Any], lint_result: LintResult) -> str:
             f"values more than 2) on {check['samples']} samples"
             + (f", {check['same_indices']:.1%} of the indices the same" if "same_indices" in check else "")
         )
+        against = tosa.get("against_float")
+        if against and against.get("top1_agreement") is not None:
+            lines.append(
+                f"TOSA against float on {against['samples']:.0f} evaluation samples: top-1 agreement "
+                f"{against['top1_agreement']:.4f}, cosine {against['cosine_similarity']:.5f}, "
+                f"SQNR {against['sqnr_db']:.1f} dB"
+            )
+        elif against:
+            lines.append(f"TOSA against float: not measured ({against['why']})")
         if tosa["accumulator"] is not None:
             acc = tosa["accumulator"]
             over = [k for k in acc["kernels"] if k["overflowed"]]
