@@ -4,6 +4,7 @@ mlir-opt (TOSA 1.0 int profile) and run by IREE, bit for bit against requant's N
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -866,6 +867,22 @@ def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
     assert np.mean(agree) >= ours["top1_agreement"] - 0.1 - 1 / len(agree), (np.mean(agree), ours)
 
 
+def _beside_float(
+    path: Path, result: requant.api.QuantizedModel, samples: list[dict[str, np.ndarray]]
+) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """For each sample (one input, ``x``): the float model's first output, and in its shape the TOSA
+    program's (requant's interpreter) and its QDQ model's in ONNX Runtime."""
+    assert result.tosa is not None
+    float_session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    qdq = ort.InferenceSession(ir_bytes(result.model), providers=["CPUExecutionProvider"])
+    edge_in, edge_out = result.tosa.inputs[0], result.tosa.outputs[0]
+    for sample in samples:
+        expected = float_session.run(None, sample)[0].astype(np.float64)
+        tosa = edge_out.dequantize(run_tosa(result.tosa, {"x": edge_in.quantize(sample["x"])})[0])
+        got = {"tosa": tosa, "qdq": qdq.run(None, sample)[0]}
+        yield expected, {kind: np.reshape(values, expected.shape) for kind, values in got.items()}
+
+
 @needs_tools
 @pytest.mark.tosa
 @pytest.mark.models
@@ -888,15 +905,9 @@ def test_pp_ocrv4s_text_detector_as_integer_tosa() -> None:
     ops = result.report["tosa"]["ops"]
     assert (ops["transpose_conv2d"], ops["resize"], ops["depthwise_conv2d"]) == (2, 6, 14), ops
     _iree_agrees(result, evaluation[:2])
-    float_session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    qdq = ort.InferenceSession(ir_bytes(result.model), providers=["CPUExecutionProvider"])
-    edge_in, edge_out = result.tosa.inputs[0], result.tosa.outputs[0]
     iou: dict[str, list[float]] = {"tosa": [], "qdq": []}
     noise, power = {"tosa": 0.0, "qdq": 0.0}, 0.0
-    for sample in evaluation:
-        expected = float_session.run(None, sample)[0].astype(np.float64)
-        got = {"tosa": edge_out.dequantize(run_tosa(result.tosa, {"x": edge_in.quantize(sample["x"])})[0]),
-               "qdq": qdq.run(None, sample)[0]}  # fmt: skip
+    for expected, got in _beside_float(path, result, evaluation):
         power += float((expected**2).sum())
         for kind, maps in got.items():
             noise[kind] += float(((maps - expected) ** 2).sum())
@@ -928,17 +939,11 @@ def test_pp_ocrv4s_text_recognizer_as_integer_tosa() -> None:
     fused = [d for d in result.report["quantizers"]["decomposed"] if "LayerNormalization" in d["into"]]
     assert len(fused) == 5, fused
     _iree_agrees(result, evaluation[:2])
-    float_session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    qdq = ort.InferenceSession(ir_bytes(result.model), providers=["CPUExecutionProvider"])
-    edge_in, edge_out = result.tosa.inputs[0], result.tosa.outputs[0]
     noise, power = {"tosa": 0.0, "qdq": 0.0}, 0.0
-    for sample in evaluation:
-        expected = float_session.run(None, sample)[0].astype(np.float64)
-        got = {"tosa": edge_out.dequantize(run_tosa(result.tosa, {"x": edge_in.quantize(sample["x"])})[0]),
-               "qdq": qdq.run(None, sample)[0]}  # fmt: skip
+    for expected, got in _beside_float(path, result, evaluation):
         power += float((expected**2).sum())
         for kind, probabilities in got.items():
-            noise[kind] += float(((np.reshape(probabilities, expected.shape) - expected) ** 2).sum())
+            noise[kind] += float(((probabilities - expected) ** 2).sum())
     sqnr = {k: 10 * np.log10(power / n) for k, n in noise.items()}
     assert sqnr["tosa"] >= sqnr["qdq"] - 1.5 and sqnr["tosa"] > 6.0, sqnr
 

@@ -1049,29 +1049,25 @@ class _Lowering:
         axis (``tosa.reduce_sum``), rescaled by ``1 / count`` for a mean to the int8 output;
         ReduceMax: ``tosa.reduce_max`` of the int8 values (one type in and out). Axes of ONNX's
         layout; without ``keepdims`` a ``tosa.reshape`` drops them."""
-        x = self.nchw(self.source(node.inputs[0], node))
+        largest = node.op_type == "ReduceMax"
+        x = self.nchw(self.same_scale(node) if largest else self.source(node.inputs[0], node))
         axes = self.reduce_axes(node, len(x.shape))
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         final = self.shape_of(node.outputs[0])
-        if node.op_type == "ReduceMax":
-            x = self.nchw(self.same_scale(node))
-            name = x.name
-            for axis in axes:
-                name = self.add("reduce_max", [name], tuple(1 if i in axes and i <= axis else d for i, d in
-                                                       enumerate(x.shape)), "i8", axis=axis)  # fmt: skip
+        why = f"{node.op_type} '{_name(node)}'"
+        name, dtype = (x.name, "i8") if largest else (self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero "
+                                                                          "point removed"), "i32")  # fmt: skip
+        for axis in axes:  # one axis at a time, each kept
+            shape = tuple(1 if i in axes and i <= axis else d for i, d in enumerate(x.shape))
+            name = self.add("reduce_max" if largest else "reduce_sum", [name], shape, dtype, axis=axis)
+        if largest:
             if final != shape:
                 name = self.add("reshape", [name], final, "i8", new_shape=list(final))
             self.finish(node, name, final, False)
             return
-        why = f"{node.op_type} '{_name(node)}'"
-        total = self.rescale_to_i32(x, 1.0, why + ": its input to int32, zero point removed")
-        for axis in axes:
-            partial = tuple(1 if i in axes and i <= axis else d for i, d in enumerate(x.shape))
-            total = self.add("reduce_sum", [total], partial, "i32", axis=axis)
         count = int(np.prod([x.shape[i] for i in axes])) if node.op_type == "ReduceMean" else 1
         q, out_scale, out_zp = self.quantized_output(node.outputs[0], node)
         what = f"the sum over {count} values to the int8 mean" if count > 1 else "the int32 sum to its int8 output"
-        result = self.rescale(total, shape, np.array([x.scale / (count * out_scale)]), 0, out_zp, "i32",
+        result = self.rescale(name, shape, np.array([x.scale / (count * out_scale)]), 0, out_zp, "i32",
                               f"{why}: {what}")  # fmt: skip
         if final != shape:
             result = self.add("reshape", [result], final, "i8", new_shape=list(final))

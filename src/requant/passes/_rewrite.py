@@ -22,6 +22,9 @@ __all__ = [
     "is_op",
     "keeps_interface",
     "new_initializer",
+    "only_reader",
+    "reduces_last_axis",
+    "replace_chain",
     "take_over",
     "with_opset",
 ]
@@ -89,6 +92,41 @@ def take_over(node: ir.Node, new: ir.Value, name: bool = True) -> None:
     graph = node.graph
     assert graph is not None
     graph.remove(node, safe=True)
+
+
+def only_reader(value: ir.Value, op_type: str) -> ir.Node | None:
+    """The one node reading ``value``, when it is an ``op_type`` and the value is no graph output."""
+    uses = list(value.uses())
+    if value.is_graph_output() or len(uses) != 1 or not is_op(uses[0].node, op_type):
+        return None
+    reader: ir.Node = uses[0].node
+    return reader
+
+
+def reduces_last_axis(node: ir.Node, rank: int | None) -> bool:
+    """A Reduce op over the last axis only (an attribute; an input from opset 18), keeping it (``-1``,
+    or ``rank - 1`` where the rank is known)."""
+    if node.attributes.get_int("keepdims", 1) != 1:
+        return False
+    given = constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    attribute = node.attributes.get("axes")
+    axes = given.reshape(-1).tolist() if given is not None else attribute.as_ints() if attribute is not None else []
+    return len(axes) == 1 and (int(axes[0]) == -1 or (rank is not None and int(axes[0]) == rank - 1))
+
+
+def replace_chain(nodes: list[ir.Node], fused: ir.Node) -> None:
+    """``fused`` (a new node) computes what the chain ``nodes`` did: it goes before the last one and
+    takes its output's readers, name, shape and type, and the first one's metadata; the chain goes."""
+    last = nodes[-1]
+    graph = last.graph
+    assert graph is not None
+    old, new = last.outputs[0], fused.outputs[0]
+    fused.metadata_props.update(nodes[0].metadata_props)
+    adopt_name(old, new)
+    new.shape, new.type = old.shape, old.type
+    graph.insert_before(last, fused)
+    replace_value(old, new)
+    graph.remove(list(reversed(nodes)), safe=True)
 
 
 def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from requant.ir.annotations import replace_value
 from requant.passes._base import Pass
-from requant.passes._rewrite import adopt_name, constant, is_op
-from requant.passes.fuse_layer_norm import _last_axis_mean, _only_reader
+from requant.passes._rewrite import constant, is_op, only_reader, reduces_last_axis, replace_chain
 
 __all__ = ["PASS", "FuseL2Normalize", "find"]
 
@@ -35,11 +33,11 @@ LARGEST_EPSILON = 1e-6
 def _chain(norm: ir.Node) -> list[ir.Node] | None:
     x = norm.inputs[0]
     rank = len(x.shape) if x is not None and x.shape is not None else None
-    if x is None or not _last_axis_mean(norm, rank):  # the same axes and keepdims rules as a mean's
+    if x is None or not reduces_last_axis(norm, rank):
         return None
     nodes, current = [norm], norm.outputs[0]
     for op_type in ("Clip", "Expand"):
-        step = _only_reader(current, op_type)
+        step = only_reader(current, op_type)
         if step is None:
             continue
         if op_type == "Clip":
@@ -49,7 +47,7 @@ def _chain(norm: ir.Node) -> list[ir.Node] | None:
                 return None
         nodes.append(step)
         current = step.outputs[0]
-    div = _only_reader(current, "Div")
+    div = only_reader(current, "Div")
     if div is None or div.inputs[0] is not x or div.inputs[1] is not current:
         return None
     return [*nodes, div]
@@ -71,16 +69,9 @@ class FuseL2Normalize(Pass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         chains = find(model)
         for nodes in chains:
-            last, x = nodes[-1], nodes[0].inputs[0]
             attributes = [ir.AttrInt64("axis", -1), ir.AttrInt64("p", 2)]
-            fused = ir.Node("", "LpNormalization", [x], attributes, num_outputs=1, name=nodes[0].name or None)
-            fused.metadata_props.update(nodes[0].metadata_props)
-            old = last.outputs[0]
-            adopt_name(old, fused.outputs[0])
-            fused.outputs[0].shape, fused.outputs[0].type = old.shape, old.type
-            model.graph.insert_before(last, fused)
-            replace_value(old, fused.outputs[0])
-            model.graph.remove(list(reversed(nodes)), safe=True)
+            replace_chain(nodes, ir.Node("", "LpNormalization", [nodes[0].inputs[0]], attributes, num_outputs=1,
+                                         name=nodes[0].name or None))  # fmt: skip
         return ir.passes.PassResult(model, bool(chains))
 
 

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from requant.ir.annotations import replace_value
 from requant.passes._base import Pass
-from requant.passes._rewrite import adopt_name, constant, is_op, new_initializer
+from requant.passes._rewrite import constant, is_op, new_initializer, only_reader, reduces_last_axis, replace_chain
 
 __all__ = ["OPSET", "PASS", "FuseLayerNorm", "find"]
 
@@ -42,26 +41,6 @@ class _Chain:
     epsilon: float
     gamma: ir.Value | None
     beta: ir.Value | None
-
-
-def _only_reader(value: ir.Value, op_type: str) -> ir.Node | None:
-    """The one node reading ``value``, when it is an ``op_type`` and the value is no graph output."""
-    uses = list(value.uses())
-    if value.is_graph_output() or len(uses) != 1 or not is_op(uses[0].node, op_type):
-        return None
-    reader: ir.Node = uses[0].node
-    return reader
-
-
-def _last_axis_mean(node: ir.Node, rank: int | None) -> bool:
-    """A ReduceMean over the last axis only (an attribute; an input from opset 18), keeping it
-    (``-1``, or ``rank - 1`` where the rank is known)."""
-    if node.attributes.get_int("keepdims", 1) != 1:
-        return False
-    given = constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-    attribute = node.attributes.get("axes")
-    axes = given.reshape(-1).tolist() if given is not None else attribute.as_ints() if attribute is not None else []
-    return len(axes) == 1 and (int(axes[0]) == -1 or (rank is not None and int(axes[0]) == rank - 1))
 
 
 def _number(value: ir.Value | None) -> float | None:
@@ -93,9 +72,9 @@ def _chain(mean: ir.Node) -> _Chain | None:
     rank = len(x.shape) if x is not None and x.shape is not None else None
     last = x.shape[-1] if x is not None and x.shape is not None and rank else None
     size = last if isinstance(last, int) else None
-    if x is None or not _last_axis_mean(mean, rank):
+    if x is None or not reduces_last_axis(mean, rank):
         return None
-    sub = _only_reader(mean.outputs[0], "Sub")
+    sub = only_reader(mean.outputs[0], "Sub")
     if sub is None or sub.inputs[0] is not x or sub.inputs[1] is not mean.outputs[0]:
         return None
     d = sub.outputs[0]
@@ -105,22 +84,22 @@ def _chain(mean: ir.Node) -> _Chain | None:
     power, div = readers["Pow"].node, readers["Div"].node
     if readers["Pow"].idx != 0 or readers["Div"].idx != 0 or _number(power.inputs[1]) != 2.0:
         return None
-    variance = _only_reader(power.outputs[0], "ReduceMean")
-    if variance is None or not _last_axis_mean(variance, rank):
+    variance = only_reader(power.outputs[0], "ReduceMean")
+    if variance is None or not reduces_last_axis(variance, rank):
         return None
-    plus = _only_reader(variance.outputs[0], "Add")
+    plus = only_reader(variance.outputs[0], "Add")
     epsilon = _number(_other(plus, variance.outputs[0])) if plus is not None else None
-    root = _only_reader(plus.outputs[0], "Sqrt") if plus is not None else None
+    root = only_reader(plus.outputs[0], "Sqrt") if plus is not None else None
     if plus is None or root is None or epsilon is None or epsilon < 0:
         return None
-    if _only_reader(root.outputs[0], "Div") is not div:
+    if only_reader(root.outputs[0], "Div") is not div:
         return None
     nodes = [mean, sub, power, variance, plus, root, div]
     gamma = beta = None
-    scale = _only_reader(div.outputs[0], "Mul")
+    scale = only_reader(div.outputs[0], "Mul")
     if scale is not None and (gamma := _per_channel(scale, div.outputs[0], size)) is not None:
         nodes.append(scale)
-        shift = _only_reader(scale.outputs[0], "Add")
+        shift = only_reader(scale.outputs[0], "Add")
         if shift is not None and (beta := _per_channel(shift, scale.outputs[0], size)) is not None:
             nodes.append(shift)
     if size is None and gamma is None:  # no scale to take the size from: the ones it needs are unknown
@@ -133,30 +112,27 @@ def find(model: ir.Model) -> list[_Chain]:
     return [c for node in list(model.graph) if is_op(node, "ReduceMean") and (c := _chain(node)) is not None]
 
 
+def _vector(graph: ir.Graph, value: ir.Value | None, size: int, name: str) -> ir.Value:
+    """``value`` where it is a constant of shape ``[size]``, else an initializer of its values (ones
+    where there is none: a LayerNorm without its scale) in that shape."""
+    data = constant(value) if value is not None else None
+    if value is not None and data is not None and data.shape == (size,):
+        return value
+    values = np.ones(size, np.float32) if data is None else np.asarray(data, np.float32).reshape(size)
+    return new_initializer(graph, name, values)
+
+
 def _fuse(graph: ir.Graph, chain: _Chain) -> None:
-    last = chain.nodes[-1]
     scale = constant(chain.gamma) if chain.gamma is not None else None
     size = scale.size if scale is not None else chain.x.shape[-1] if chain.x.shape is not None else None
     assert isinstance(size, int)
-    base = last.name or "layer_norm"
-    gamma = chain.gamma
-    if gamma is None or constant(gamma) is None or constant(gamma).shape != (size,):  # type: ignore[union-attr]
-        data = constant(gamma) if gamma is not None else np.ones(size, np.float32)
-        gamma = new_initializer(graph, f"{base}_scale", np.asarray(data, np.float32).reshape(size))
-    inputs = [chain.x, gamma]
+    base = chain.nodes[-1].name or "layer_norm"
+    inputs = [chain.x, _vector(graph, chain.gamma, size, f"{base}_scale")]
     if chain.beta is not None:
-        data = constant(chain.beta)
-        inputs.append(chain.beta if data is not None and data.shape == (size,) else
-                      new_initializer(graph, f"{base}_bias", np.asarray(data, np.float32).reshape(size)))  # fmt: skip
+        inputs.append(_vector(graph, chain.beta, size, f"{base}_bias"))
     attributes = [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", chain.epsilon)]
     fused = ir.Node("", "LayerNormalization", inputs, attributes, num_outputs=1, name=chain.nodes[0].name or None)
-    fused.metadata_props.update(chain.nodes[0].metadata_props)
-    old = last.outputs[0]
-    adopt_name(old, fused.outputs[0])
-    fused.outputs[0].shape, fused.outputs[0].type = old.shape, old.type
-    graph.insert_before(last, fused)
-    replace_value(old, fused.outputs[0])
-    graph.remove(list(reversed(chain.nodes)), safe=True)
+    replace_chain(chain.nodes, fused)
 
 
 class FuseLayerNorm(Pass):
