@@ -130,10 +130,13 @@ def main() -> None:
 
 def _predicted(model: onnx.ModelProto, data: list[dict[str, np.ndarray]], target: Any) -> float:
     """The cost model's float-minus-int8 microseconds for the case's groups (summed)."""
-    from requant.api import _annotate
+    from requant.quantizers import Quantizer
     from requant.quantizers.placement import place
+    from requant.stages.annotate import annotate
+    from requant.targets.registry import get_target
 
-    annotated = _annotate(model, None, "onnxruntime-cpu", False, None)[0]
+    chosen = get_target("onnxruntime-cpu")
+    annotated = annotate(model, Quantizer().set_global_by_model(), chosen, False, None, None, {}).model
     return sum((p.float_us or 0.0) - (p.int8_us or 0.0) for p in place(annotated, target.costs))
 
 

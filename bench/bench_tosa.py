@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import requant  # noqa: E402
 from bench_quantize import export, quality  # noqa: E402
-from requant.backends.tosa_reference import run_tosa  # noqa: E402
-from requant.backends.tosa_tools import IreeModule, compile_iree, validate_tosa  # noqa: E402
+from requant.backends.tosa.interpreter import run_tosa  # noqa: E402
+from requant.backends.tosa.tools import IreeModule, compile_iree, validate_tosa  # noqa: E402
 from requant.frontends import load_onnx, save_onnx  # noqa: E402
 from requant.passes import get_passes, run_passes  # noqa: E402
 from requant.report.latency import interleaved_latency_ms, session  # noqa: E402

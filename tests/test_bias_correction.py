@@ -14,9 +14,11 @@ import onnxruntime as ort
 import pytest
 
 import requant.api
-import requant.calibration.bias_correction
 import requant.calibration.data
-import requant.calibration.rounding
+import requant.calibration.moments
+import requant.encoding.rounding
+import requant.stages.convert
+import requant.transforms.bias_correction
 from requant.quantizers import DEFAULT_PRESET, PRESETS, Quantizer
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -78,7 +80,7 @@ def test_the_bundled_model_gets_closer_to_float_and_stays_deterministic(
 ) -> None:
     # weights rounded to nearest: with error feedback (the default) the digits' kernels shift their
     # outputs' means too little for the correction to gain on the held-out samples (41.1 -> 40.9 dB)
-    monkeypatch.setattr(requant.calibration.rounding, "MAX_REDUCTION", 0)
+    monkeypatch.setattr(requant.calibration.moments, "MAX_REDUCTION", 0)
     runs = {}
     for flag in (False, True, True):
         result = requant.api.quantize(
@@ -186,7 +188,7 @@ def test_the_shift_and_sqnr_are_those_of_every_row_and_position(
     version on the first sample only (its SQNR is that sample's) and its shift on the next two comes
     from its inputs' sums."""
     if sqnr_values is not None:
-        monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", sqnr_values)
+        monkeypatch.setattr(requant.transforms.bias_correction, "SQNR_VALUES", sqnr_values)
         monkeypatch.setattr(requant.calibration.data, "MIN_SAMPLES", 1)
     rng = np.random.default_rng(1)
     proto = onnx.parser.parse_model(
@@ -260,7 +262,7 @@ def test_a_grouped_pointwise_convs_shift_from_its_inputs_sums_is_the_one_measure
     monkeypatch.setattr(requant.calibration.data, "MIN_SAMPLES", 1)
 
     def measured(values: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        monkeypatch.setattr(requant.calibration.bias_correction, "SQNR_VALUES", values)
+        monkeypatch.setattr(requant.transforms.bias_correction, "SQNR_VALUES", values)
         result = requant.api.quantize(proto, data, quantizer=quantizer, method="minmax", measure=False)
         inits = ir.to_proto(result.model).graph.initializer
         biases = {t.name: onnx.numpy_helper.to_array(t) for t in inits if t.name in ("b_quantized", "c_quantized")}
@@ -282,9 +284,10 @@ def test_a_grouped_pointwise_convs_shift_from_its_inputs_sums_is_the_one_measure
 def test_a_pass_started_from_an_earlier_ones_sums_runs_only_the_samples_after() -> None:
     """method="auto" corrects the chosen candidate starting from what its sketch measured on the first
     samples: the same biases, bit for bit, as one pass from the start, and only the rest is run."""
-    from requant.api import _stage, calibrate, prepare
-    from requant.calibration.bias_correction import BiasSums, correct_biases
+    from requant.api import calibrate, prepare
+    from requant.stages.convert import stage as _stage
     from requant.targets.registry import get_target
+    from requant.transforms.bias_correction import BiasSums, correct_biases
 
     model, _ = prepare(DIGITS / "digits_cnn.onnx")
     calibrate(model, DIGITS / "calib.npz")
@@ -342,7 +345,7 @@ def test_auto_keeps_a_bias_correction_only_where_it_brings_the_output_closer(mon
         helped.report["method_choice"]["corrected_sqnr_db"]
         >= helped.report["method_choice"]["uncorrected_sqnr_db"][helped.report["method_choice"]["chosen"]]
     )
-    monkeypatch.setattr(requant.api, "correct_biases", _off_by(300, requant.api.correct_biases))
+    monkeypatch.setattr(requant.stages.convert, "correct_biases", _off_by(300, requant.stages.convert.correct_biases))
     hurt = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False)
     choice = hurt.report["method_choice"]
     assert choice["bias_correction_kept"] is False
@@ -358,8 +361,8 @@ def test_a_second_pass_does_not_apply_a_correction_auto_found_harmful(monkeypatc
     # not bring back the correction auto dropped
     with np.load(DIGITS / "calib.npz") as data:
         samples = {"x": data["x"][:200]}
-    monkeypatch.setattr(requant.api, "correct_biases", _off_by(300, requant.api.correct_biases))
-    monkeypatch.setattr(requant.calibration.rounding, "MAX_REDUCTION", 0)  # a kernel below 39 dB: nearest
+    monkeypatch.setattr(requant.stages.convert, "correct_biases", _off_by(300, requant.stages.convert.correct_biases))
+    monkeypatch.setattr(requant.calibration.moments, "MAX_REDUCTION", 0)  # a kernel below 39 dB: nearest
     result = requant.api.quantize(DIGITS / "digits_cnn.onnx", samples, measure=False, keep_float_below=39)
     assert len(result.report["bias_correction"]["kernels"]) == 2  # measured in the second pass, one kept float
     assert result.report["method_choice"]["bias_correction_kept"] is False

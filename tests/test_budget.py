@@ -282,7 +282,7 @@ def test_a_transformers_linear_layers_are_candidates_too() -> None:
 
 
 def test_the_summary_line_signs_effects_and_says_when_the_result_is_no_faster_than_float() -> None:
-    from requant.api import _budget_line
+    from requant.stages.budget import budget_line as _budget_line
 
     budget = {
         "measures": "1 - cosine", "max_drop": 0.0, "first_drop": 3e-5, "final_drop": 0.0, "met": True,

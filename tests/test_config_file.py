@@ -83,7 +83,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
 def test_bias_correction_can_be_turned_off_in_the_file_or_by_flag(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nbias_correction = false\n')
-    assert read_config(config).bias_correction is False
+    assert read_config(config).options["bias_correction"] is False
     out, report = tmp_path / "m.onnx", tmp_path / "r.json"
     args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report)]
     result = run_cli(*args, "--config", str(config))
@@ -97,7 +97,7 @@ def test_bias_correction_can_be_turned_off_in_the_file_or_by_flag(tmp_path: Path
 def test_keep_float_below_in_the_file_and_by_flag(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nkeep_float_below = 41\n')
-    assert read_config(config).keep_float_below == 41.0
+    assert read_config(config).options["keep_float_below"] == 41.0
     out, report = tmp_path / "m.onnx", tmp_path / "r.json"
     args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report)]
     result = run_cli(*args, "--config", str(config), "--keep-float-below", "20")
@@ -109,7 +109,7 @@ def test_keep_float_below_in_the_file_and_by_flag(tmp_path: Path) -> None:
 def test_smoothing_in_the_file_and_by_flag(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nsmoothing = 0\n')
-    assert read_config(config).smoothing == 0.0
+    assert read_config(config).options["smoothing"] == 0.0
     out, report = tmp_path / "m.onnx", tmp_path / "r.json"
     args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report), "--no-measure"]
     assert run_cli(*args, "--config", str(config)).returncode == 0
@@ -122,7 +122,7 @@ def test_smoothing_in_the_file_and_by_flag(tmp_path: Path) -> None:
 def test_equalization_in_the_file_and_refused_when_not_a_boolean(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(f'calib = "{DIGITS / "calib.npz"}"\nequalization = false\n')
-    assert read_config(config).equalization is False
+    assert read_config(config).options["equalization"] is False
     out, report = tmp_path / "m.onnx", tmp_path / "r.json"
     args = [str(DIGITS / "digits_cnn.onnx"), "-o", str(out), "--report-json", str(report), "--no-measure"]
     assert run_cli(*args, "--config", str(config)).returncode == 0
@@ -179,11 +179,14 @@ activations = "float"
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('presets = "A16W8"', "unknown key 'presets'; known keys: calib, eval, output"),
-        ("method = 3", "method: expected a string, got 3"),
-        ('bias_correction = "no"', "bias_correction: expected true or false"),
-        ('keep_float_below = "high"', "keep_float_below: expected a number of dB"),
-        ('smoothing = "yes"', "smoothing: expected an alpha in [0, 1] (0: off), got 'yes'"),
+        ('presets = "A16W8"', "unknown key 'presets'; known keys: accumulator_bits, bias_correction, calib, configs"),
+        ("method = 3", "run.toml: method must be None, 'auto' or one of entropy, mean_minmax"),
+        ('bias_correction = "no"', "run.toml: bias_correction must be True or False; got 'no' (str)"),
+        ('keep_float_below = "high"', "run.toml: keep_float_below must be a finite number of dB"),
+        (
+            'smoothing = "yes"',
+            "run.toml: smoothing must be an alpha in [0, 1] (0 or None: off; default 0.8); got 'yes' (str)",
+        ),
         ("calib = [", "is not valid TOML"),
         ('preset = "INT9"', "preset: unknown preset 'INT9'; known: A16W8"),
         ('[[override]]\nop_type = "Conv"\nnode = "a"\nconfig = "float"', "override 1: needs exactly one of op_type"),

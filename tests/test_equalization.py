@@ -18,7 +18,6 @@ import onnxruntime as ort
 import pytest
 
 import requant
-from requant.calibration.equalization import HEADROOM, MAX_SCALE, SAMPLES, depthwise_pairs, equalize_depthwise
 from requant.calibration.observers import MinMaxObserver
 from requant.calibration.runner import Kept
 from requant.frontends import load_onnx_text
@@ -28,6 +27,7 @@ from requant.passes import get_passes, run_passes
 from requant.quantizers import INT8_PER_TENSOR, Quantizer
 from requant.report.html import to_html
 from requant.report.markdown import to_markdown
+from requant.transforms.equalization import HEADROOM, MAX_SCALE, SAMPLES, depthwise_pairs, equalize_depthwise
 
 # A 1x1 conv makes 4 channels of very different sizes from 2 (rows 1, 0.1, 0.02 and 0.2 times the
 # same mix), ReLU6 clips them, a 3x3 depthwise conv filters each.
@@ -189,18 +189,20 @@ def test_the_probe_keeps_a_prefix_of_the_float_outputs() -> None:
 def test_auto_compares_its_candidates_with_the_outputs_equalization_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """method="auto" runs the float model on its held-out samples only when no probe kept its outputs:
     the same choice and the same bytes either way."""
-    import requant.api
     import requant.calibration.calibrate
+    import requant.report.agreement
+    import requant.stages.choose
 
     proto, data = ir.serde.serialize_model(_model(_text())), _data()
     made = []
-    real = requant.api.session
+    real = requant.report.agreement.session
 
     def counted(model: onnx.ModelProto) -> object:
         made.append(not any(n.op_type == "QuantizeLinear" for n in model.graph.node))  # the float model's
         return real(model)
 
-    monkeypatch.setattr(requant.api, "session", counted)
+    monkeypatch.setattr(requant.report.agreement, "session", counted)  # the float model's
+    monkeypatch.setattr(requant.stages.choose, "session", counted)  # the candidates'
     kept = requant.quantize(proto, data, measure=False)
     floats_kept, made[:] = sum(made), []
     monkeypatch.setattr(requant.calibration.calibrate, "KEPT_OUTPUT_BYTES", 0)

@@ -174,7 +174,10 @@ def test_old_and_ir3_style_models_quantize() -> None:
     [
         ({"quantizer": "INT8"}, "quantizer must be a requant Quantizer, or None for the defaults; got 'INT8' (str)"),
         ({"output": 7}, "output must be a path (str or os.PathLike), or None; got 7 (int)"),
-        ({"target": 3}, "target must be a target name (a str); got 3 (int)"),
+        (
+            {"target": 3},
+            "target must be a target name, one of onnxruntime-cpu, onnxruntime-cpu-vnni, tosa-int8; got 3 (int)",
+        ),
         (
             {"method": "foo"},
             "method must be None, 'auto' or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, percentile",
@@ -197,7 +200,7 @@ def test_a_npz_is_read_one_sample_at_a_time(tmp_path: Path) -> None:
     """Rows come from each array's stream in the zip: memory holds one sample, not the file."""
     import tracemalloc
 
-    from requant.calibration.data import iter_samples
+    from requant.calibration.samples import iter_samples
     from requant.frontends import load_onnx
 
     model = load_onnx(MODEL)

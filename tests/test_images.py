@@ -12,7 +12,7 @@ from PIL import Image
 
 import requant.api
 from requant.calibration import IMAGENET, CalibrationError, ImageFolder, ImagePreprocessing
-from requant.calibration.data import iter_samples
+from requant.calibration.samples import iter_samples
 from requant.frontends import load_onnx
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,24 +20,33 @@ from bench.bench_placement import between_convs
 from onnx import parser
 
 import requant
-from requant.api import _prepare
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.ir.annotations import iter_values, request
-from requant.quantizers import QuantizationSpec, Quantizer
+from requant.quantizers import QuantizationSpec, Quantizer, QuantizerReport
 from requant.quantizers.quantizer import FLOAT_KERNEL, FLOAT_PLACED
 from requant.report.latency import session
 from requant.report.markdown import to_markdown
+from requant.stages.annotate import prepare
+from requant.targets.registry import get_target
 from tests.golden_file import check_sections, header_value, model_text
 
 CASES = sorted((Path(__file__).parent / "golden" / "placement").glob("*.test"))
 IR, PLACEMENTS = "# expected ir:\n", "# expected placements:\n"
 
 
+def _prepare(model: Any, quantizer: Quantizer | None, target: str) -> tuple[ir.Model, QuantizerReport]:
+    """Annotated and placed for ``target`` (:func:`requant.stages.annotate.prepare`)."""
+    chosen = get_target(target)
+    prepared = prepare(model, (quantizer or Quantizer().set_global_by_model()).for_table(chosen.table), chosen, False,
+                       None)  # fmt: skip
+    return prepared.model, prepared.report
+
+
 def run(path: Path) -> tuple[str, str, str]:
     head = path.read_text().split(IR)[0]
     model = load_onnx_text(model_text(head), path.name)
-    model, report, _, _ = _prepare(model, None, header_value(head, "target"), False, None)
+    model, report = _prepare(model, None, header_value(head, "target"))
     lines = "".join(json.dumps(p, sort_keys=True) + "\n" for p in report.placements)
     return head, print_model(model), lines
 
@@ -138,10 +148,10 @@ def test_a_group_between_int8_convs_stays_int8_where_it_saves_conversions(tmp_pa
 def test_a_data_movement_op_named_float_shares_nothing() -> None:
     # the shared-spec quantizer would tie its output to its input's quantization (a MaxPool on bytes)
     model = _conv_model("a = MaxPool<kernel_shape=[3,3], pads=[1,1,1,1]>(c)")
-    as_int8, _, _, _ = _prepare(model, None, "onnxruntime-cpu", False, None)
+    as_int8, _ = _prepare(model, None, "onnxruntime-cpu")
     assert str(request(next(v for v in iter_values(as_int8.graph) if v.name == "a"))) == "#requant.shared<%c>"
     floats = Quantizer().set_global_by_model().with_float_nodes(["n1_MaxPool"], FLOAT_PLACED)
-    kept, report, _, _ = _prepare(model, floats, "onnxruntime-cpu", False, None)
+    kept, report = _prepare(model, floats, "onnxruntime-cpu")
     a = next(v for v in iter_values(kept.graph) if v.name == "a")
     assert isinstance(request(a), QuantizationSpec)  # the next conv's own request, not shared
     (record,) = [r for r in report.records if r.config == "FLOAT_PLACED"]
@@ -170,11 +180,11 @@ def test_what_the_report_says_onnx_runtime_fuses_anyway_it_does(tmp_path: Path) 
 def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
     # a symbolic batch counts as 1 (the costs are per run at batch 1); a symbolic image size is not priced
     model = _sigmoid_between_tanhs("N,8,H,W")
-    (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
+    (group,) = _prepare(model, None, "onnxruntime-cpu")[1].placements
     assert group["placed"] == "as annotated" and "no static shape after its batch" in group["why"]
     batch_only = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 16, 16])
     model.graph.input[0].CopyFrom(batch_only)
-    (group,) = _prepare(model, None, "onnxruntime-cpu", False, None)[1].placements
+    (group,) = _prepare(model, None, "onnxruntime-cpu")[1].placements
     assert group["placed"] == "float"
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import requant.quantizers as q
-from requant.calibration.propagate import propagate
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.passes import get_passes, run_passes
+from requant.propagation.propagate import propagate
 from requant.targets.registry import get_target
 from tests.golden_file import check_sections, header_value, model_text
 

@@ -16,9 +16,11 @@ import onnxruntime as ort
 import pytest
 
 import requant.api
-import requant.calibration.rounding as rounding
-from requant.calibration.rounding import InputMoments, Patches, output_error, round_rows, round_rows_each
-from requant.calibration.weight_encoding import encode_rows
+import requant.calibration.moments as moments
+import requant.encoding.rounding as rounding
+from requant.calibration.moments import InputMoments, Patches
+from requant.encoding.rounding import output_error, round_rows, round_rows_each
+from requant.encoding.weight_encoding import encode_rows
 from requant.types.accumulation import INT16_PAIRS
 
 DIGITS = Path(__file__).parent.parent / "examples" / "digits"
@@ -123,7 +125,7 @@ def test_moments_are_the_same_however_samples_are_stacked() -> None:
         stacked.update(samples[start : start + 7])
     assert one.total is not None and stacked.total is not None
     assert np.array_equal(one.total, stacked.total) and one.vectors == stacked.vectors == one.cap
-    assert one.per_sample == int(np.ceil(one.cap / rounding.SAMPLE_SHARE))  # no sample gives more than its share
+    assert one.per_sample == int(np.ceil(one.cap / moments.SAMPLE_SHARE))  # no sample gives more than its share
     assert one.enough
 
 
@@ -172,7 +174,7 @@ def _quantized(tmp: Path, name: str) -> tuple[requant.api.QuantizedModel, np.nda
 
 def test_the_digits_cnn_is_closer_to_float_with_error_feedback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fed, y_fed = _quantized(tmp_path, "fed")
-    monkeypatch.setattr(rounding, "MAX_REDUCTION", 0)  # every kernel rounded to nearest
+    monkeypatch.setattr(moments, "MAX_REDUCTION", 0)  # every kernel rounded to nearest
     nearest, y_nearest = _quantized(tmp_path, "nearest")
     x = np.load(DIGITS / "eval.npz")["x"]
     f = ort.InferenceSession(str(DIGITS / "digits_cnn.onnx"), providers=["CPUExecutionProvider"])

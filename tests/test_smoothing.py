@@ -17,12 +17,12 @@ import onnxruntime as ort
 import pytest
 
 import requant
-from requant.calibration.smoothing import smooth_linears
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.passes import get_passes, run_passes
 from requant.report.html import to_html
 from requant.report.markdown import to_markdown
+from requant.transforms.smoothing import smooth_linears
 
 # Channel 7 of x is 12x the others after the LayerNormalization (its gamma), and w1's last row feeds
 # every output of a, so a's ReLU output h has no single outlier (its largest channel ~2x the median).

@@ -15,10 +15,11 @@ import pytest
 from onnx import numpy_helper
 
 import requant.api
+import requant.stages.lower
 from requant.backends.tosa import Edge, TosaError, TosaOp, TosaProgram, lower_to_tosa, multiplier_shift
-from requant.backends.tosa_mlir import to_mlir
-from requant.backends.tosa_reference import apply_scale_32, reciprocal_scale, run_tosa
-from requant.backends.tosa_tools import IreeModule, compile_iree, tools_missing, validate_tosa
+from requant.backends.tosa.interpreter import apply_scale_32, reciprocal_scale, run_tosa
+from requant.backends.tosa.mlir import to_mlir
+from requant.backends.tosa.tools import IreeModule, compile_iree, tools_missing, validate_tosa
 from requant.cli import main
 from requant.errors import RequantError
 from requant.runtime import exact_twin
@@ -209,7 +210,7 @@ def test_the_report_measures_the_integer_program_against_float_on_the_evaluation
                                   target="tosa-int8", measure=False)  # fmt: skip
     assert result.tosa is not None
     against = result.report["tosa"]["against_float"]
-    assert against["samples"] == requant.api.TOSA_EVAL_SAMPLES == 32
+    assert against["samples"] == requant.stages.lower.TOSA_EVAL_SAMPLES == 32
     with np.load(DIGITS / "eval.npz") as e:
         x = e["x"][:32]
     edge = result.tosa.inputs[0]
@@ -820,7 +821,7 @@ def test_mlir_is_written_only_for_the_tosa_target(tmp_path: Path, capsys: pytest
     with pytest.raises(RequantError, match="only the tosa-int8 target writes MLIR"):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out, measure=False)
     code = main(["quantize", str(DIGITS / "digits_cnn.onnx"), "--calib", str(DIGITS / "calib.npz"), "-o", str(out)])
-    assert code != 0 and "only --target tosa-int8 writes MLIR" in capsys.readouterr().err
+    assert code != 0 and "only the tosa-int8 target writes MLIR" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -1017,7 +1018,7 @@ def test_rounding_and_a_narrow_accumulator_are_options_of_the_tosa_target() -> N
     assert {k["node"] for k in acc["kernels"]} == {"node_conv2d", "node_conv2d_1", "node_linear"}
     assert any(k["overflowed"] for k in acc["kernels"]) and acc["largest_output_change_steps"] > 0
     assert "TOSA with 16-bit accumulators:" in double.report["summary"]
-    with pytest.raises(RequantError, match="tosa-int8 target's options"):
+    with pytest.raises(RequantError, match="rounding is an option of the tosa-int8 target, not of onnxruntime-cpu"):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, measure=False, rounding="double_round")
     with pytest.raises(RequantError, match="accumulator_bits"):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", calib, target="tosa-int8", measure=False, accumulator_bits=4)

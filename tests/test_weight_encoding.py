@@ -17,7 +17,7 @@ import pytest
 import requant.quantizers as q
 import requant.targets.kernels as kernel_models
 from requant.calibration.calibrate import weight_type
-from requant.calibration.weight_encoding import encode_rows, encode_weights, rescale_stored
+from requant.encoding.weight_encoding import encode_rows, encode_weights, rescale_stored
 from requant.frontends import load_onnx_text
 from requant.ir.annotations import quant_type, set_quant_type, set_stored_values, stored_values
 from requant.targets.kernels import Reduction

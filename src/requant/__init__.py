@@ -28,8 +28,8 @@ def load(source: Any, example_inputs: Any = None, dynamic_shapes: Any = None) ->
 
 
 def quantize(model: Any, calibration_data: Any, **options: Any) -> Any:
-    """Quantize ``model`` with ``calibration_data``: :func:`requant.api.quantize` (imported lazily)."""
-    from requant.api import quantize as _quantize
+    """Quantize ``model`` with ``calibration_data``: :func:`requant.pipeline.quantize` (imported lazily)."""
+    from requant.pipeline import quantize as _quantize
 
     return _quantize(model, calibration_data, **options)
 

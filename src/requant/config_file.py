@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from requant.calibration.images import ImagePreprocessing
-from requant.calibration.smoothing import DEFAULT_ALPHA
 from requant.errors import RequantError
 from requant.ir.requests import FixedSpec, NoQuant, QuantizationSpec, parse_request
+from requant.options import OPTIONS, Option
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig
 from requant.quantizers.finders import NodeName
 from requant.quantizers.quantizer import Quantizer, QuantParams
@@ -55,9 +55,10 @@ from requant.targets.registry import DEFAULT_TARGET, get_target
 
 __all__ = ["ConfigFileError", "RunSettings", "read_config"]
 
-_TOP = ("calib", "eval", "output", "target", "method", "preset", "strict", "bias_correction", "keep_float_below",
-        "max_drop", "metric", "smoothing", "equalization", "images", "report", "configs", "override", "module_params",
-        "fixed_inputs")  # fmt: skip
+# the keys of the file besides the options' (requant.options.OPTIONS): the CLI's inputs and outputs, and
+# what builds the quantizer
+_OWN = ("calib", "preset", "images", "report", "configs", "override", "module_params")
+_TOP = tuple(sorted((*_OWN, *(o.key for o in OPTIONS if o.key is not None))))
 _SELECTORS = ("op_type", "node", "node_regex", "module", "module_type")
 _PORTS = ("input_activation", "output_activation", "weight", "bias")
 
@@ -68,22 +69,12 @@ class ConfigFileError(RequantError):
 
 @dataclass
 class RunSettings:
-    """What one ``requant quantize`` run does (from a config file, then the command line's flags)."""
+    """What one ``requant quantize`` run does, from a config file: the options it sets (by name, as
+    :class:`~requant.options.Options` takes them), and the CLI's inputs, outputs and quantizer parts."""
 
+    options: dict[str, Any] = field(default_factory=dict)
     calib: str | None = None
-    eval: str | None = None
-    output: str | None = None
-    target: str = DEFAULT_TARGET
-    method: str | None = None
     preset: str | None = None  # None: the preset requant.quantizers.choose_preset picks for the model
-    strict: bool = False
-    bias_correction: bool = True
-    keep_float_below: float | None = None
-    max_drop: float | None = None  # an accuracy budget on the evaluation data (requant.report.budget)
-    metric: str | None = None
-    smoothing: float = DEFAULT_ALPHA  # 0: off (requant.calibration.smoothing)
-    equalization: bool = True  # requant.calibration.equalization
-    fixed_inputs: dict[str, Any] = field(default_factory=dict)  # input name -> its constant value
     images: ImagePreprocessing | None = None
     report_json: str | None = None
     report_markdown: str | None = None
@@ -92,11 +83,20 @@ class RunSettings:
     overrides: list[tuple[str, Any, QuantizationConfig | None]] = field(default_factory=list)
     module_params: dict[str, QuantParams] = field(default_factory=dict)
 
-    def quantizer(self) -> Quantizer:
+    def merged(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The file's options with the command line's over them (a table's entries, ``fixed_inputs``,
+        added to the file's)."""
+        given = dict(self.options)
+        for name, value in flags.items():
+            before = given.get(name)
+            given[name] = {**before, **value} if isinstance(before, Mapping) and isinstance(value, Mapping) else value
+        return given
+
+    def quantizer(self, target: str = DEFAULT_TARGET) -> Quantizer:
         """The composite quantizer: the preset globally, module parameters, then the overrides (last wins)."""
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigFileError(f"unknown preset {self.preset!r}; known: {', '.join(sorted(PRESETS))}")
-        quantizer = Quantizer(get_target(self.target).table)
+        quantizer = Quantizer(get_target(target).table)
         if self.preset is None:
             quantizer.set_global_by_model()
         else:
@@ -184,6 +184,30 @@ def _named_config(name: Any, configs: Mapping[str, QuantizationConfig], where: s
     raise ConfigFileError(f"{where}: unknown config {name!r}; known: {known}")
 
 
+def _option(option: Option, value: Any, base: Path, where: str) -> Any:
+    """The file's ``value`` for ``option``, checked as the API checks it (requant.options), a path made
+    relative to the file's folder."""
+    if option.path:
+        value = _path(value, base, f"{where}: {option.key}")
+    if option.name == "fixed_inputs":
+        value = _fixed_inputs(value, where)
+    try:
+        return option.checked(value, f"{where}: ")
+    except RequantError as exc:
+        raise ConfigFileError(str(exc)) from None
+
+
+def _fixed_inputs(value: Any, where: str) -> dict[str, Any]:
+    fixed = _typed(value, Mapping, f"{where}: fixed_inputs", "a table of input = value")
+    for name, given in fixed.items():
+        numbers = given if isinstance(given, list) else [given]
+        if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+            raise ConfigFileError(
+                f"{where}: fixed_inputs.{name}: expected a number or an array of numbers, got {given!r}"
+            )
+    return dict(fixed)
+
+
 def _path(value: Any, base: Path, where: str) -> str:
     _typed(value, str, where, "a path (a string)")
     return str(base / value) if not os.path.isabs(value) else value
@@ -192,9 +216,46 @@ def _path(value: Any, base: Path, where: str) -> str:
 def read_config(path: str | os.PathLike[str]) -> RunSettings:
     """Read a config file; every mistake is a :class:`ConfigFileError` naming the file and the key."""
     file = Path(path)
+    data = _read_toml(file)
+    where = str(file)
+    _check_keys(data, _TOP, where)
+    base = file.parent
+    settings = RunSettings()
+    if "calib" in data:
+        settings.calib = _path(data["calib"], base, f"{where}: calib")
+    if "preset" in data:
+        settings.preset = _typed(data["preset"], str, f"{where}: preset", "a string")
+    if settings.preset is not None and settings.preset not in PRESETS:
+        raise ConfigFileError(
+            f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
+        )
+    for option in OPTIONS:
+        if option.key is not None and option.key in data:
+            settings.options[option.name] = _option(option, data[option.key], base, where)
+    if "images" in data:
+        try:
+            settings.images = ImagePreprocessing.from_settings(
+                _typed(data["images"], Mapping, f"{where}: images", "a table"), f"{where}: images"
+            )
+        except (RequantError, TypeError) as exc:
+            raise ConfigFileError(str(exc)) from None
+    report = _typed(data.get("report", {}), Mapping, f"{where}: report", "a table")
+    _check_keys(report, ("json", "markdown", "html"), f"{where}: report")
+    for key, attribute in (("json", "report_json"), ("markdown", "report_markdown"), ("html", "report_html")):
+        if key in report:
+            setattr(settings, attribute, _path(report[key], base, f"{where}: report.{key}"))
+    configs = _typed(data.get("configs", {}), Mapping, f"{where}: configs", "a table of named configs")
+    for name, table in configs.items():
+        settings.configs[name] = _config(name, table, f"{where}: configs.{name}")
+    _read_overrides(data, settings, where)
+    _read_module_params(data, settings, where)
+    return settings
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
     try:
         with open(file, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigFileError(f"no config file at '{file}'") from None
     except IsADirectoryError:
@@ -207,66 +268,10 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(f"'{file}' is not valid TOML: {exc}") from None
-    where = str(file)
-    _check_keys(data, _TOP, where)
-    base = file.parent
-    settings = RunSettings()
-    for key in ("calib", "eval", "output"):
-        if key in data:
-            setattr(settings, key, _path(data[key], base, f"{where}: {key}"))
-    for key in ("target", "method", "preset"):
-        if key in data:
-            setattr(settings, key, _typed(data[key], str, f"{where}: {key}", "a string"))
-    if settings.preset is not None and settings.preset not in PRESETS:
-        raise ConfigFileError(
-            f"{where}: preset: unknown preset {settings.preset!r}; known: {', '.join(sorted(PRESETS))}"
-        )
-    try:
-        get_target(settings.target)
-    except RequantError as exc:
-        raise ConfigFileError(f"{where}: target: {exc}") from None
-    settings.strict = _typed(data.get("strict", False), bool, f"{where}: strict", "true or false")
-    if "keep_float_below" in data:
-        settings.keep_float_below = float(
-            _typed(data["keep_float_below"], (int, float), f"{where}: keep_float_below", "a number of dB")
-        )
-    if "max_drop" in data:
-        settings.max_drop = float(_typed(data["max_drop"], (int, float), f"{where}: max_drop", "a number (0.01)"))
-    if "metric" in data:
-        settings.metric = _typed(data["metric"], str, f"{where}: metric", "accuracy, top1 or cosine")
-    if "smoothing" in data:
-        alpha = _typed(data["smoothing"], (int, float), f"{where}: smoothing", "an alpha in [0, 1] (0: off)")
-        settings.smoothing = float(alpha)
-    settings.bias_correction = _typed(
-        data.get("bias_correction", True), bool, f"{where}: bias_correction", "true or false"
-    )
-    settings.equalization = _typed(data.get("equalization", True), bool, f"{where}: equalization", "true or false")
-    fixed = _typed(data.get("fixed_inputs", {}), Mapping, f"{where}: fixed_inputs", "a table of input = value")
-    for name, value in fixed.items():
-        numbers = value if isinstance(value, list) else [value]
-        if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-            raise ConfigFileError(
-                f"{where}: fixed_inputs.{name}: expected a number or an array of numbers, got {value!r}"
-            )
-        settings.fixed_inputs[name] = value
-    if "images" in data:
-        try:
-            settings.images = ImagePreprocessing.from_settings(
-                _typed(data["images"], Mapping, f"{where}: images", "a table"), f"{where}: images"
-            )
-        except (RequantError, TypeError) as exc:
-            raise ConfigFileError(str(exc)) from None
-    report = _typed(data.get("report", {}), Mapping, f"{where}: report", "a table")
-    _check_keys(report, ("json", "markdown", "html"), f"{where}: report")
-    if "json" in report:
-        settings.report_json = _path(report["json"], base, f"{where}: report.json")
-    if "markdown" in report:
-        settings.report_markdown = _path(report["markdown"], base, f"{where}: report.markdown")
-    if "html" in report:
-        settings.report_html = _path(report["html"], base, f"{where}: report.html")
-    configs = _typed(data.get("configs", {}), Mapping, f"{where}: configs", "a table of named configs")
-    for name, table in configs.items():
-        settings.configs[name] = _config(name, table, f"{where}: configs.{name}")
+
+
+def _read_overrides(data: Mapping[str, Any], settings: RunSettings, where: str) -> None:
+    """The ``[[override]]`` entries, in order (later ones win)."""
     overrides = _typed(data.get("override", []), list, f"{where}: override", "an array of tables ([[override]])")
     for i, entry in enumerate(overrides, start=1):
         at = f"{where}: override {i}"
@@ -290,6 +295,10 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         if "config" not in entry:
             raise ConfigFileError(f'{at}: needs a config (a preset, a [configs] name, or "float")')
         settings.overrides.append((selector, value, _named_config(entry["config"], settings.configs, f"{at}.config")))
+
+
+def _read_module_params(data: Mapping[str, Any], settings: RunSettings, where: str) -> None:
+    """The ``[module_params."path"]`` tables: a module's (and its submodules') weights and activations."""
     params = _typed(data.get("module_params", {}), Mapping, f"{where}: module_params", "a table of module paths")
     for module, table in params.items():
         at = f"{where}: module_params.{module}"
@@ -299,4 +308,3 @@ def read_config(path: str | os.PathLike[str]) -> RunSettings:
         if any(isinstance(v, FixedSpec) for v in ports.values()):
             raise ConfigFileError(f'{at}: module parameters take a spec or "float", not a fixed request')
         settings.module_params[module] = QuantParams(**ports)  # type: ignore[arg-type]
-    return settings

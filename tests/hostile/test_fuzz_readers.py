@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from requant.calibration.data import iter_samples
+from requant.calibration.samples import iter_samples
 from requant.config_file import read_config
 from requant.errors import RequantError
 from requant.frontends import load_onnx

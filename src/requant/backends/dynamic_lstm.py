@@ -9,7 +9,7 @@ point for all rows. Bias, gates and states stay float.
 
 The node keeps its name, outputs and attributes (but ``layout``, which the kernel lacks: the
 support table keeps batch-first LSTMs float). The weights' stored integers are the ones the weight
-encoding chose (:mod:`requant.calibration.weight_encoding`), or the type's rounding.
+encoding chose (:mod:`requant.encoding.weight_encoding`), or the type's rounding.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class _Builder:
 def _weight(builder: _Builder, value: ir.Value, t: UniformType, first: ir.Node) -> None:
     assert value.const_value is not None
     name = str(value.name)
-    chosen = stored_values(value)  # a weight encoding's integers (requant.calibration.weight_encoding)
+    chosen = stored_values(value)  # a weight encoding's integers (requant.encoding.weight_encoding)
     stored = chosen.astype(t.storage_type.numpy_dtype) if chosen is not None else qcast(value.const_value.numpy(), t)
     quantized = builder.initializer(f"{name}_quantized", stored, STORAGE_DTYPES[t.storage])
     set_parameter_type(quantized, t)

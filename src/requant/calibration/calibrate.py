@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
+from requant.calibration.moments import MOMENTS_KEY, InputMoments, Patches, measured_kernel
 from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, extremes, make_observer
-from requant.calibration.rounding import MOMENTS_KEY, InputMoments, Patches, measured_kernel
 from requant.calibration.runner import Kept, Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_parameter_type, set_quant_type

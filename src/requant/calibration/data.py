@@ -7,7 +7,8 @@ Accepted forms:
 - a ``.npy`` file, or one array, for a single-input model, the same way;
 - a folder of ``.npz``/``.npy`` files, each one sample (or a batch), in file-name order;
 - an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run (a
-  generator is read once: what needs data again gets its first samples, see :class:`Replayed`);
+  generator is read once: what needs data again gets its first samples, see
+  :class:`~requant.calibration.samples.Replayed`);
 - an :class:`~requant.calibration.images.ImageFolder`: a folder of images with its stated
   preprocessing (a folder of images given as a plain path is an error that says so).
 
@@ -26,12 +27,11 @@ from __future__ import annotations
 
 import array as pyarray
 import io
-import itertools
 import math
 import os
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,11 @@ from requant.calibration.observers import CalibrationError
 from requant.frontends.fixed import fixed_inputs
 
 __all__ = [
-    "Replayed",
     "Sample",
     "check_exists",
     "check_sample",
-    "first_samples",
-    "iter_samples",
+    "checked_samples",
+    "input_specs",
     "model_inputs",
     "read_labels",
     "samples_for",
@@ -72,15 +71,6 @@ def samples_for(values_per_sample: int, requested: int, values: int = VALUES) ->
     return max(1, min(requested, wanted))
 
 
-def first_samples(model: ir.Model, source: Any, requested: int) -> list[Sample]:
-    """The first checked samples of ``source``: as many as :func:`samples_for` says for the size of
-    the first (an empty source is an error that names it)."""
-    stream = iter_samples(model, source)
-    first = next(stream)
-    count = samples_for(sum(int(np.size(a)) for a in first.values()), requested)
-    return [first, *itertools.islice(stream, count - 1)]
-
-
 def model_inputs(model: ir.Model) -> list[ir.Value]:
     """The inputs a sample feeds (not those that are initializers)."""
     return [v for v in model.graph.inputs if v.name not in model.graph.initializers]
@@ -88,22 +78,22 @@ def model_inputs(model: ir.Model) -> list[ir.Value]:
 
 def check_sample(model: ir.Model, sample: Mapping[str, Any], where: str) -> Sample:
     """The sample as the model takes it, or a :class:`CalibrationError` naming the input."""
-    return _check(_specs(model), sample, where)
+    return _check(input_specs(model), sample, where)
 
 
 _Spec = tuple[str, np.dtype[Any] | None, tuple[int | str, ...] | None]  # name, dtype, shape (str: symbolic)
 
 
-def _specs(model: ir.Model) -> list[_Spec]:
-    """What each input takes: read once per data set, not once per sample."""
-    return [
+def input_specs(model: ir.Model) -> tuple[_Spec, ...]:
+    """What each input takes (name, dtype, shape): read once per data set, not once per sample."""
+    return tuple(
         (
             str(v.name),
             np.dtype(v.dtype.numpy()) if v.dtype is not None else None,
             tuple(d if isinstance(d, int) else str(d) for d in v.shape) if v.shape is not None else None,
         )
         for v in model_inputs(model)
-    ]
+    )
 
 
 def _shape_text(shape: tuple[int | str, ...]) -> str:
@@ -134,7 +124,7 @@ _BATCH_HINT = (
 )
 
 
-def _check(specs: list[_Spec], sample: Mapping[str, Any], where: str, hint: str = "") -> Sample:
+def _check(specs: tuple[_Spec, ...], sample: Mapping[str, Any], where: str, hint: str = "") -> Sample:
     if not isinstance(sample, Mapping):
         raise CalibrationError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
     if len(sample) > len(specs) or any(name not in sample for name, _, _ in specs):
@@ -378,70 +368,12 @@ def _check_outliers(peaks: dict[str, pyarray.array[float]], what: str) -> None:
             )
 
 
-class Replayed:
-    """A one-shot iterator (a generator) made readable more than once without holding all of it.
-
-    The first pass (calibration) yields every sample and keeps the first ``keep``; later passes
-    (bias correction, the latency sample, a second quantization pass) replay those.
-    """
-
-    def __init__(self, source: Iterator[Any], keep: int) -> None:
-        self._source, self._keep = source, keep
-        self._kept: list[Any] = []
-        self._read = False
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._read:
-            yield from self._kept
-            return
-        self._read = True
-        for sample in self._source:
-            if len(self._kept) < self._keep:
-                self._kept.append(sample)
-            yield sample
-
-
-class HeldOut:
-    """``source`` without its first samples, which are held out: as many as ``count(values)`` says for
-    the number of values in the first sample, and none when the source has fewer than twice that
-    (too few left to calibrate on). ``method="auto"`` calibrates its candidates on the rest and
-    compares them on the held-out samples: compared on samples they were calibrated on, ``minmax``
-    (whose range covers each of their extremes) is favoured over a method that clips them.
-
-    ``skipped``: how many the last pass held out. Iterating it (``iter_samples``) reads the source
-    as it is read anyway; at most twice the held-out count of samples is kept in memory at a time."""
-
-    def __init__(self, source: Any, count: Callable[[int], int]) -> None:
-        self.source, self.count = source, count
-        self.skipped = 0
-
-    def samples(self, checked: Iterator[Sample]) -> Iterator[Sample]:
-        first = next(checked, None)
-        if first is None:
-            return
-        wanted = max(1, self.count(sum(int(np.size(a)) for a in first.values())))
-        head = [first, *itertools.islice(checked, wanted - 1)]
-        spare = list(itertools.islice(checked, wanted))
-        self.skipped = wanted if len(spare) == wanted else 0
-        yield from spare if self.skipped else [*head, *spare]
-        yield from checked
-
-
-def iter_samples(model: ir.Model, source: Any, what: str = "calibration") -> Iterator[Sample]:
-    """The checked samples of ``source`` for ``model``; an empty source is an error.
-
-    ``what`` names the data in messages ("calibration", "evaluation"). After the last sample,
-    an outlier sample (see the module's docstring) is an error. A :class:`HeldOut` source gives
-    its samples after the held-out ones (each still checked, and numbered as in the whole source).
-    """
-    if isinstance(source, HeldOut):
-        return source.samples(iter_samples(model, source.source, what))
-    return _checked_samples(model, source, what)
-
-
-def _checked_samples(model: ir.Model, source: Any, what: str) -> Iterator[Sample]:
+def checked_samples(model: ir.Model, source: Any, what: str = "calibration") -> Iterator[Sample]:
+    """The samples of ``source`` (any form the module's docstring lists), each checked for ``model``;
+    an empty source is an error, and so is an outlier sample (see the module's docstring), after the
+    last one. ``what`` names the data in messages ("calibration", "evaluation")."""
     inputs = model_inputs(model)
-    specs = _specs(model)
+    specs = input_specs(model)
     single = str(inputs[0].name) if len(inputs) == 1 else None
     hint = _BATCH_HINT if _sliced(source) else ""
     count = 0

@@ -23,8 +23,9 @@ import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort  # type: ignore[import-untyped]
 
-from requant.calibration.data import HeldOut, Sample, iter_samples, model_inputs
+from requant.calibration.data import Sample, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
+from requant.calibration.samples import HeldOut, Samples, iter_samples
 from requant.ir.queries import graph_values, static_elements
 from requant.runtime import cpu_session
 
@@ -163,6 +164,8 @@ def collect(
         log.info("observing %d tensors in %d passes to stay within %d MB", len(names), len(groups), memory_budget >> 20)
         held = data if isinstance(data, HeldOut) else None
         source = held.source if held is not None else data
+        if isinstance(source, Samples):
+            source = source.source
         if not isinstance(source, (list, tuple, str, Mapping)) and not hasattr(source, "__fspath__"):
             source = list(source)  # read once per group
         if held is not None:

@@ -1,8 +1,8 @@
 """Where a node came from: the PyTorch module path and class a front door recorded on it, which
 float value a QuantizeLinear quantizes when its input is not that value (a clamp it makes redundant
 was dropped: ``requant.backends.qdq``), why an ``Identity`` is a rescale (propagation put it where an op
-bound to one type got two: ``requant.calibration.propagate``), and by how much equalization scaled a value's channels
-(``requant.calibration.equalization``): what ``requant compare`` needs to match a requant output's
+bound to one type got two: ``requant.propagation.propagate``), and by how much equalization scaled a value's channels
+(``requant.transforms.equalization``): what ``requant compare`` needs to match a requant output's
 tensors with the float model's."""
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ UINT8_FLOAT_OUTPUTS = QuantizationConfig(
 # The same with int8 weights (per channel): faster than uint8 weights (MiniLM 0.39 against 0.44 of
 # float latency, bench 2026-11-24 on a VNNI CPU), the default for linear-layer models on both targets.
 # On onnxruntime-cpu the weights are encoded so no int16 pair can saturate
-# (requant.calibration.weight_encoding); with smoothing (requant.calibration.smoothing) MiniLM's cosine
+# (requant.encoding.weight_encoding); with smoothing (requant.transforms.smoothing) MiniLM's cosine
 # to float is 0.9981 against 0.9982 with uint8 weights (0.9929 / 0.9931 unsmoothed).
 INT8_FLOAT_OUTPUTS = QuantizationConfig("INT8_FLOAT_OUTPUTS", _U8, NoQuant(), _I8_PER_CHANNEL, NoQuant())
 A16W8 = QuantizationConfig(

@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from requant.calibration.data import check_exists, iter_samples
+from requant.calibration.data import check_exists
+from requant.calibration.samples import iter_samples
 from requant.errors import RequantError
 from requant.frontends import load_onnx
 from requant.ir.provenance import channel_factors, quantizes

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,23 @@ class LintResult:
             },
             "softmax_can_overflow": self.softmax_overflows,
         }
+
+    @classmethod
+    def from_json(cls, section: Mapping[str, Any]) -> LintResult:
+        """The result :meth:`to_json` wrote (a saved report's ``lint``)."""
+        saturation = section["saturation"]
+        return cls(
+            dict(section["int8_kernels"]),
+            list(section["float_between_dequantize_and_quantize"]),
+            list(section["leftover_quantize_dequantize_pairs"]),
+            list(section["dequantized_constants"]),
+            list(section["asked_to_be_quantized_but_float"]),
+            list(section["kept_float_by_decision"]),
+            dict(section["optimized_graph_ops"]),
+            int(saturation["kernels_checked"]),
+            [SaturationFinding(**f) for f in saturation["can_saturate"]],
+            list(section["softmax_can_overflow"]),
+        )
 
     def text(self) -> str:
         kernels = ", ".join(f"{k} x{v}" for k, v in sorted(self.int8_kernels.items())) or "none"

@@ -6,7 +6,7 @@ Seeds 000 and 002 name three kinds; requant keeps each where it is decided:
   Reshape, a Concat on TOSA) reads and writes one quantized type. Calibration and the quantizers can
   leave its input and output on different ones (a Concat's inputs are calibrated apart; a user's
   config can ask for another type after a pool): there two constraints meet, and the target says what
-  happens (:class:`SameScale`'s ``meet``). Propagation (:mod:`requant.calibration.propagate`) finds
+  happens (:class:`SameScale`'s ``meet``). Propagation (:mod:`requant.propagation.propagate`) finds
   every such meeting after the types are known, in any order of the quantizers, and records it with
   its reason;
 - **multiplier scale**: a bias's scale is its kernel's input scale times its weight scale, on every

@@ -3,7 +3,7 @@
 A kernel model is a list of rules: for a weighted op (``Conv``, ``Gemm``, ``MatMul``) with inputs
 and weights of given storage types, which :class:`~requant.types.accumulation.Accumulation` the
 runtime's kernel uses. The weight-encoding step proves against it that no pair can saturate
-(:mod:`requant.calibration.weight_encoding`), ``requant lint`` checks other tools' models with it,
+(:mod:`requant.encoding.weight_encoding`), ``requant lint`` checks other tools' models with it,
 and the reference in :mod:`requant.types.accumulation` computes what the kernel computes.
 
 ONNX Runtime 1.31 on x86-64 (MLAS), established by running every case against ONNX Runtime with

@@ -5,7 +5,7 @@ then shared ones (each follows its chain to a value with a type), then the targe
 constraints (its table's ``same_scale``, :mod:`requant.targets.constraints`: where an op that must
 read and write one type got two, a rescale goes before it, or the runtime's float op is recorded),
 then the target's constraint on
-int8 kernels' weights (:mod:`requant.calibration.weight_encoding`: no int16 pair may saturate),
+int8 kernels' weights (:mod:`requant.encoding.weight_encoding`: no int16 pair may saturate),
 then derived ones (a bias:
 scale = input scale x weight scale, per channel when the weight is, int32, zero point 0). A bias
 whose quantized value would not leave room in int32 for the kernel's accumulation (tiny weight
@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.calibration.observers import CalibrationError
-from requant.calibration.weight_encoding import EncodingMemo, WeightEncoding, encode_weights, rescale_stored
+from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding, encode_weights, rescale_stored
 from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type, set_request
 from requant.ir.provenance import RESCALE_KEY
 from requant.ir.queries import DEFAULT_DOMAINS, fresh_name, graph_values
@@ -188,106 +188,128 @@ def propagate(
     shared types are known (:func:`_where_types_meet`). With a target's ``kernels`` model, the
     weights of its int8 kernels are checked (and where they could saturate, re-encoded) before the
     biases are derived from their scales (``memo``: see
-    :func:`~requant.calibration.weight_encoding.encode_weights`).
+    :func:`~requant.encoding.weight_encoding.encode_weights`).
     """
     graph = model.graph
     values = graph_values(graph)
     by_name = {str(v.name): v for v in values if v.name}
-    notes: list[Propagated] = []
+    notes = _fixed(values)
+    if kernels is not None and kernels.softmax_overflow is not None:
+        notes += _softmax_within_float(graph, kernels.softmax_overflow)
+    notes += _shared(values, by_name)
+    if same_scale:
+        notes += _where_types_meet(graph, same_scale)
+    encodings = encode_weights(model, kernels, memo) if kernels is not None else []
+    for value in values:
+        r = request(value)
+        if isinstance(r, DerivedSpec):
+            notes += _derived(value, r, by_name)
+    return Propagation(notes, encodings)
 
+
+def _fixed(values: list[ir.Value]) -> list[Propagated]:
+    """Each value with a fixed request typed with its parameters."""
+    notes = []
     for value in values:
         r = request(value)
         if isinstance(r, FixedSpec):
             fixed = r.quant_type(element_name(value.dtype) or "f32")
             set_quant_type(value, fixed)
             notes.append(Propagated(str(value.name), fixed, "fixed parameters"))
+    return notes
 
-    if kernels is not None and kernels.softmax_overflow is not None:
-        notes += _softmax_within_float(graph, kernels.softmax_overflow)
 
-    def root(value: ir.Value) -> ir.Value:
-        seen = {str(value.name)}
-        current = value
-        while True:
-            r = request(current)
-            if not isinstance(r, SharedSpec):
-                return current
-            if r.other in seen:
-                raise CalibrationError(f"shared requests form a cycle through {sorted(seen)}")
-            seen.add(r.other)
-            nxt = by_name.get(r.other)
-            if nxt is None:
-                raise CalibrationError(f"value '{current.name}' shares '{r.other}', which does not exist")
-            current = nxt
+def _root(value: ir.Value, by_name: Mapping[str, ir.Value]) -> ir.Value:
+    """The value a chain of shared requests from ``value`` ends at."""
+    seen = {str(value.name)}
+    current = value
+    while True:
+        r = request(current)
+        if not isinstance(r, SharedSpec):
+            return current
+        if r.other in seen:
+            raise CalibrationError(f"shared requests form a cycle through {sorted(seen)}")
+        seen.add(r.other)
+        nxt = by_name.get(r.other)
+        if nxt is None:
+            raise CalibrationError(f"value '{current.name}' shares '{r.other}', which does not exist")
+        current = nxt
 
+
+def _shared(values: list[ir.Value], by_name: Mapping[str, ir.Value]) -> list[Propagated]:
+    """Each value with a shared request typed as the value it shares (through chains of them)."""
+    notes = []
     for value in values:
         if isinstance(request(value), SharedSpec):
-            source = root(value)
+            source = _root(value, by_name)
             shared = quant_type(source)
             if shared is None:
                 raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), shared, f"shared with '{source.name}'"))
+    return notes
 
-    if same_scale:
-        notes += _where_types_meet(graph, same_scale)
 
-    encodings = encode_weights(model, kernels, memo) if kernels is not None else []
+def _derived(value: ir.Value, r: DerivedSpec, by_name: Mapping[str, ir.Value]) -> list[Propagated]:
+    """A bias typed with the product of its sources' scales (its weight's raised where the bias would
+    not fit int32), or kept float with an input kept float."""
+    sources = [by_name.get(s) for s in r.sources]
+    found = [quant_type(s) if s is not None else None for s in sources]
+    types = [t for t in found if isinstance(t, UniformType)]
+    if len(types) != len(found):
+        missing = [name for name, t in zip(r.sources, found, strict=True) if not isinstance(t, UniformType)]
+        kept_float = [s for s in sources if s is not None and isinstance(request(s), NoQuant)]
+        if kept_float:  # another quantizer (or the user) keeps the input float: so is the bias
+            names = ", ".join(f"'{s.name}'" for s in kept_float)
+            return [Propagated(str(value.name), "float", f"kept float: {names} is kept float")]
+        raise CalibrationError(f"bias '{value.name}' is derived from {missing}, which got no uniform type")
+    scale = np.ones(1)
+    for t in types:
+        scale = scale * _scales(t)
+    notes: list[Propagated] = []
+    data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
+    if data is not None:
+        scale = _room_for_bias(value, data, scale, r.sources[-1], sources[-1], types, notes)
+    expressed = element_name(value.dtype) or "f32"
+    if expressed == "f32":  # the model stores f32 scales; the bias is quantized with exactly those
+        scale = scale.astype(np.float32).astype(np.float64)
+    storage = {"int32": "i32", "int16": "i16", "int8": "i8"}.get(r.dtype, "i32")
+    derived: UniformType
+    if scale.size == 1:
+        derived = UniformQuantizedType(storage, expressed, float(scale[0]))
+    else:
+        derived = UniformQuantizedPerAxisType(storage, expressed, 0, [float(s) for s in scale])
+    set_parameter_type(value, derived)
+    return [*notes, Propagated(str(value.name), derived, f"product of the scales of {', '.join(r.sources)}")]
 
-    for value in values:
-        r = request(value)
-        if not isinstance(r, DerivedSpec):
-            continue
-        sources = [by_name.get(s) for s in r.sources]
-        found = [quant_type(s) if s is not None else None for s in sources]
-        types = [t for t in found if isinstance(t, UniformType)]
-        if len(types) != len(found):
-            missing = [name for name, t in zip(r.sources, found, strict=True) if not isinstance(t, UniformType)]
-            kept_float = [s for s in sources if s is not None and isinstance(request(s), NoQuant)]
-            if kept_float:  # another quantizer (or the user) keeps the input float: so is the bias
-                names = ", ".join(f"'{s.name}'" for s in kept_float)
-                notes.append(Propagated(str(value.name), "float", f"kept float: {names} is kept float"))
-                continue
-            raise CalibrationError(f"bias '{value.name}' is derived from {missing}, which got no uniform type")
-        scale = np.ones(1)
-        for t in types:
-            scale = scale * _scales(t)
-        data = value.const_value.numpy().astype(np.float64).reshape(-1) if value.const_value is not None else None
-        if data is not None:
-            if scale.size not in (1, data.size) and data.size % scale.size == 0:
-                # a grouped ConvTranspose: its weight's axis 1 holds the output channels of one group, the
-                # bias those of all (output channel c reads scale c mod the group's channels)
-                scale = np.tile(scale, data.size // scale.size)
-            scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
-            weight_name = r.sources[-1]
-            weight = sources[-1]
-            needed = np.abs(data) / _bias_limit(types, weight, data.size)
-            tight = scale < needed
-            if tight.any():
-                assert weight is not None  # it has a uniform type, so it was found
-                wtype = types[-1]
-                factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
-                new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
-                adjusted = with_scales(wtype, new_scales)
-                set_parameter_type(weight, adjusted)
-                rescale_stored(weight, wtype, adjusted)
-                scale = scale * factor
-                notes.append(
-                    Propagated(
-                        weight_name,
-                        adjusted,
-                        f"weight scale raised so bias '{value.name}' fits int32 with room for the accumulation",
-                    )
-                )
-        expressed = element_name(value.dtype) or "f32"
-        if expressed == "f32":  # the model stores f32 scales; the bias is quantized with exactly those
-            scale = scale.astype(np.float32).astype(np.float64)
-        storage = {"int32": "i32", "int16": "i16", "int8": "i8"}.get(r.dtype, "i32")
-        derived: UniformType
-        if scale.size == 1:
-            derived = UniformQuantizedType(storage, expressed, float(scale[0]))
-        else:
-            derived = UniformQuantizedPerAxisType(storage, expressed, 0, [float(s) for s in scale])
-        set_parameter_type(value, derived)
-        notes.append(Propagated(str(value.name), derived, f"product of the scales of {', '.join(r.sources)}"))
-    return Propagation(notes, encodings)
+
+def _room_for_bias(
+    value: ir.Value,
+    data: np.ndarray,
+    scale: np.ndarray,
+    weight_name: str,
+    weight: ir.Value | None,
+    types: list[UniformType],
+    notes: list[Propagated],
+) -> np.ndarray:
+    """The bias's scale per channel, its weight's scale raised (and noted) where the bias would not fit
+    int32 with room for the accumulation."""
+    if scale.size not in (1, data.size) and data.size % scale.size == 0:
+        # a grouped ConvTranspose: its weight's axis 1 holds the output channels of one group, the
+        # bias those of all (output channel c reads scale c mod the group's channels)
+        scale = np.tile(scale, data.size // scale.size)
+    scale = np.broadcast_to(scale, data.shape).copy() if scale.size == 1 else scale
+    needed = np.abs(data) / _bias_limit(types, weight, data.size)
+    tight = scale < needed
+    if not tight.any():
+        return scale
+    assert weight is not None  # it has a uniform type, so it was found
+    wtype = types[-1]
+    factor = np.where(tight, needed / scale * (1 + 1e-6), 1.0)
+    new_scales = _scales(wtype) * (factor if factor.size == _scales(wtype).size else factor.max())
+    adjusted = with_scales(wtype, new_scales)
+    set_parameter_type(weight, adjusted)
+    rescale_stored(weight, wtype, adjusted)
+    why = f"weight scale raised so bias '{value.name}' fits int32 with room for the accumulation"
+    notes.append(Propagated(weight_name, adjusted, why))
+    return scale * factor

@@ -41,15 +41,15 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.data import first_samples
 from requant.calibration.observers import MinMaxObserver, Observer
 from requant.calibration.runner import Kept, Progress, collect
-from requant.calibration.smoothing import FLOATS, channel_spread
+from requant.calibration.samples import first_samples
 from requant.ir.annotations import request
 from requant.ir.provenance import set_channel_factors
 from requant.ir.queries import clamp_bounds, constant, fresh_name, graph_values, is_op, weighted_layers
 from requant.ir.requests import QuantizationSpec
 from requant.targets.kernels import is_depthwise
+from requant.transforms.smoothing import FLOATS, channel_spread
 
 __all__ = ["MAX_SCALE", "Equalization", "Equalized", "depthwise_pairs", "equalize_depthwise", "unless_per_channel"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from requant.backends.tosa import ROUNDING, TosaError, TosaOp, TosaProgram
+from requant.backends.tosa.program import ROUNDING, TosaError, TosaOp, TosaProgram
 
 __all__ = ["to_mlir"]
 

@@ -32,9 +32,10 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.data import first_samples, samples_for
+from requant.calibration.data import samples_for
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.runner import Progress, collect
+from requant.calibration.samples import first_samples
 from requant.ir.queries import dequantized_constant, fresh_name, graph_values
 from requant.ir.traits import LAYOUT_ONLY, data_inputs
 
@@ -347,42 +348,40 @@ def correct_biases(
                 measured.setdefault("sqnr_samples", _Sum()).update(np.array(end - sums.samples))
         collect(probe, subset[sums.samples : end], observers, progress, optimize=True)
         sums.samples = end
-    done = []
-    for kernel, measured in zip(kernels, kept, strict=True):
-        total, elements, noise, signal = (
-            measured[what].total if what in measured else None for what in ("shift", "elements", "noise", "signal")
+    found = (
+        _corrected(kernel, floats, measured, apply, len(subset)) for kernel, measured in zip(kernels, kept, strict=True)
+    )
+    return [c for c in found if c is not None]
+
+
+def _corrected(
+    kernel: _Kernel, floats: Mapping[str, ir.TensorProtocol], measured: dict[str, Any], apply: bool, samples: int
+) -> BiasCorrection | None:
+    """What ``kernel``'s sums say (None when nothing was summed), its bias corrected with ``apply``."""
+    total, elements, noise, signal = (
+        measured[what].total if what in measured else None for what in ("shift", "elements", "noise", "signal")
+    )
+    if total is None or noise is None or signal is None or elements is None or not elements:
+        return None
+    if "sums" in measured:  # the samples after the first ones, from the inputs' sums
+        more, count = _shift_from_sums(kernel, floats, measured)
+        total, elements = total + more, elements + count
+    shift = total / (elements / len(total))  # elements / channels: the positions summed
+    if not np.isfinite(shift).all() or not math.isfinite(signal):
+        raise CalibrationError(
+            f"kernel '{kernel.node.name}': the float model's output there is not finite (or overflows float32 "
+            "when squared) on the calibration samples; its bias cannot be measured: check the data's scale"
         )
-        if total is None or noise is None or signal is None or elements is None or not elements:
-            continue
-        if "sums" in measured:  # the samples after the first ones, from the inputs' sums
-            more, count = _shift_from_sums(kernel, floats, measured)
-            total, elements = total + more, elements + count
-        shift = total / (elements / len(total))  # elements / channels: the positions summed
-        if not np.isfinite(shift).all() or not math.isfinite(signal):
-            raise CalibrationError(
-                f"kernel '{kernel.node.name}': the float model's output there is not finite (or overflows float32 "
-                "when squared) on the calibration samples; its bias cannot be measured: check the data's scale"
-            )
-        sqnr = 10 * np.log10(signal / noise) if noise > 0 and signal > 0 else float("inf")
-        if apply:
-            quantized = kernel.bias_dq.inputs[0]
-            assert quantized is not None and quantized.const_value is not None
-            scale = kernel.bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
-            old = quantized.const_value.numpy().astype(np.float64)
-            info = np.iinfo(np.int32)
-            new = np.clip(np.round(old - shift / scale), info.min, info.max).astype(np.int32)
-            quantized.const_value = ir.tensor(new, name=quantized.name)
-        magnitude = np.abs(shift)
-        done.append(
-            BiasCorrection(
-                str(kernel.node.name),
-                len(shift),
-                float(magnitude.mean()),
-                float(magnitude.max()),
-                float(sqnr),
-                apply,
-                len(subset),
-                int(measured["sqnr_samples"].total),  # type: ignore[arg-type]  # with "noise", always
-            )
-        )
-    return done
+    sqnr = 10 * np.log10(signal / noise) if noise > 0 and signal > 0 else float("inf")
+    if apply:
+        quantized = kernel.bias_dq.inputs[0]
+        assert quantized is not None and quantized.const_value is not None
+        scale = kernel.bias_dq.inputs[1].const_value.numpy().astype(np.float64)  # type: ignore[union-attr]
+        old = quantized.const_value.numpy().astype(np.float64)
+        info = np.iinfo(np.int32)
+        new = np.clip(np.round(old - shift / scale), info.min, info.max).astype(np.int32)
+        quantized.const_value = ir.tensor(new, name=quantized.name)
+    magnitude = np.abs(shift)
+    sqnr_samples = int(measured["sqnr_samples"].total)  # with "noise", always
+    return BiasCorrection(str(kernel.node.name), len(shift), float(magnitude.mean()), float(magnitude.max()),
+                          float(sqnr), apply, samples, sqnr_samples)  # fmt: skip

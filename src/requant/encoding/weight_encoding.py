@@ -38,7 +38,8 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.rounding import MOMENTS_KEY, InputMoments, output_error, round_rows, round_rows_each
+from requant.calibration.moments import MOMENTS_KEY, InputMoments
+from requant.encoding.rounding import output_error, round_rows, round_rows_each
 from requant.ir.annotations import quant_type, set_parameter_type, set_stored_values, stored_values
 from requant.ir.queries import is_op
 from requant.ir.traits import weight_inputs
@@ -92,7 +93,7 @@ class WeightEncoding:
     moved: int = 0
     why: str = ""
     # how the integers were rounded: "nearest", or "error feedback" against the kernel's calibration
-    # inputs (requant.calibration.rounding); the kernel's output SQNR (dB) from its weights' rounding
+    # inputs (requant.encoding.rounding); the kernel's output SQNR (dB) from its weights' rounding
     # alone on those inputs, rounded to nearest and as stored (None: no inputs measured)
     rounding: str = "nearest"
     nearest_output_sqnr_db: float | None = None
@@ -330,7 +331,7 @@ def _against_inputs(
     node: ir.Node, w: ir.Value, xt: UniformQuantizedType, kernels: KernelModel, record: WeightEncoding
 ) -> WeightEncoding:
     """``record``'s weight rounded by error feedback against the second moments calibration measured
-    of the kernel's input (where it did: :mod:`requant.calibration.rounding`), at the scales the
+    of the kernel's input (where it did: :mod:`requant.encoding.rounding`), at the scales the
     encoding chose, when that brings the kernel's output closer to float than the integers it has; the
     pair proof (where the kernel pairs products) is checked on the new integers."""
     moments = node.meta.get(MOMENTS_KEY)

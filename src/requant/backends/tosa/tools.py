@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from requant.backends.tosa import TosaError
+from requant.backends.tosa.program import TosaError
 
 __all__ = ["compile_iree", "run_iree", "tools_missing", "validate_tosa"]
 

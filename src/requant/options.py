@@ -1,0 +1,310 @@
+"""Every option of a quantization run, in one table: the API's keywords, the CLI's flags and the config
+file's keys are all read through :data:`OPTIONS`, and every check runs once, in :meth:`Options.create`,
+before any work.
+
+A new option is one :class:`Option` row here and one field of :class:`Options`: the CLI's flag, the
+config file's key, the API's keyword, its check and its error message all come from the row.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from requant.backends.tosa.program import ROUNDING as ROUNDINGS
+from requant.errors import ArgumentError
+from requant.report.budget import METRICS
+from requant.transforms.smoothing import DEFAULT_ALPHA
+
+__all__ = ["OPTIONS", "Option", "Options", "preflight"]
+
+# method=None with the presets' observers (or a config that names none): MobileNetV2 0.797 -> 0.877 top-1
+# agreement, the other bench models as good as their best method, in less time than NNCF (calibration.md)
+DEFAULT_METHOD = "auto"
+
+
+def _target_names() -> list[str]:
+    from requant.targets.registry import TARGETS
+
+    return sorted(TARGETS)
+
+
+def _backend(target: str) -> str:
+    from requant.targets.registry import get_target
+
+    return get_target(target).backend
+
+
+def _methods() -> list[str]:
+    from requant.calibration.observers import known_methods
+
+    return known_methods()
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _path(v: Any) -> bool:
+    return isinstance(v, str | os.PathLike)
+
+
+def _quantizer(v: Any) -> bool:
+    from requant.quantizers import Quantizer
+
+    return isinstance(v, Quantizer)
+
+
+def _fixed_input(text: str) -> tuple[str, list[float] | float]:
+    """``NAME=VALUE`` as (name, a number or a list of them)."""
+    name, sep, value = text.partition("=")
+    try:
+        numbers = [float(v) for v in value.split(",")] if sep and name and value else None
+    except ValueError:
+        numbers = None
+    if numbers is None:
+        raise ArgumentError(f"--fix-input {text!r}: expected NAME=VALUE, a number or numbers separated by commas")
+    return name.strip(), numbers if len(numbers) > 1 else numbers[0]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its name (the API's keyword), what it accepts (``accepts``, said as ``expected`` in
+    errors: "<name> must be <expected>; got ..."), its default, and how the CLI and the config file
+    spell it (``flag``, ``key``; None: not there)."""
+
+    name: str
+    default: Any
+    accepts: Callable[[Any], bool]
+    expected: str | Callable[[], str]
+    help: str
+    flag: str | None = None  # the CLI's flag; a boolean on by default gets "--no-..." (it turns it off)
+    key: str | None = None  # the config file's key (None: not in the file)
+    metavar: str | None = None
+    parse: Callable[[str], Any] = str  # the CLI's text to a value
+    choices: Callable[[], Sequence[str]] | None = None  # the CLI's choices, listed in its help
+    backend: str | None = None  # an option of the targets with this backend only
+    path: bool = False  # a path: relative to the config file that gives it
+    short: str | None = None  # the CLI's one-letter flag
+    repeat: bool = False  # the CLI's flag is given once per entry of a dict (``parse`` gives (key, value))
+
+    def checked(self, value: Any, where: str = "") -> Any:
+        """``value``, or an :class:`ArgumentError` saying what the option accepts."""
+        if not self.accepts(value):
+            expected = self.expected if isinstance(self.expected, str) else self.expected()
+            raise ArgumentError(f"{where}{self.name} must be {expected}; got {value!r} ({type(value).__name__})")
+        return float(value) if self.parse is float and _number(value) else value
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("target", "onnxruntime-cpu", lambda v: isinstance(v, str) and v in _target_names(),
+           lambda: f"a target name, one of {', '.join(_target_names())}",
+           "what the model is for (default: onnxruntime-cpu, exact on every x86-64 CPU; onnxruntime-cpu-vnni: "
+           "full-range int8 weights for CPUs with VNNI; tosa-int8: integer-only TOSA MLIR, with -o FILE.mlir; "
+           "see docs/targets.md)", flag="--target", key="target", choices=_target_names),
+    Option("quantizer", None, _optional(_quantizer), "a requant Quantizer, or None for the defaults",
+           "which parts are quantized and how (the CLI and the config file build it from --preset and the "
+           "file's [configs], [[override]] and [module_params])"),
+    Option("method", None, lambda v: v is None or v == "auto" or v in _methods(),
+           lambda: f"None, 'auto' or one of {', '.join(_methods())}",
+           "activation calibration method: auto (the default unless a --config names observers: tries minmax "
+           "and mean_minmax, keeps the closer to float), minmax, mean_minmax, percentile, entropy, mse",
+           flag="--method", key="method"),
+    Option("output", None, _optional(_path), "a path (str or os.PathLike), or None",
+           "where to write the quantized model (.mlir: the TOSA program, tosa-int8 only)",
+           flag="--output", key="output", metavar="OUT", path=True, short="-o"),
+    Option("eval_data", None, lambda v: True, "evaluation data",
+           "evaluation data (.npz; a 'labels' array gives accuracy)", flag="--eval", key="eval", metavar="DATA",
+           path=True),
+    Option("progress", None, _optional(callable), "None or a callable progress(done, total)",
+           "called as work advances (default: a progress bar on a terminal)"),
+    Option("measure", True, _is_bool, "True or False",
+           "skip the latency measurement (float and int8 runs interleaved, at most 2 s)",
+           flag="--no-measure", key="measure"),
+    Option("strict", False, _is_bool, "True or False", "fail if a node asked to be quantized cannot be",
+           flag="--strict", key="strict"),
+    Option("bias_correction", True, _is_bool, "True or False",
+           "keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
+           flag="--no-bias-correction", key="bias_correction"),
+    Option("keep_float_below", None, _optional(lambda v: _number(v) and math.isfinite(v)),
+           "a finite number of dB (e.g. 29), or None",
+           "keep float the int8 convolutions and Gemms whose output SQNR against float is below DB "
+           "(measured on the first 64 calibration samples, pointwise convolutions on the first 16; the model "
+           "is quantized a second time)", flag="--keep-float-below", key="keep_float_below", metavar="DB",
+           parse=float),
+    Option("max_drop", None, _optional(lambda v: _number(v) and 0 <= v <= 1),
+           "a number in [0, 1] (e.g. 0.01 for one point), or None",
+           "an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
+           "the kernels that bring it within X at the least modelled latency: the most effective (measured) or "
+           "the first ones in graph order (one float region from the inputs); each try re-quantizes",
+           flag="--max-drop", key="max_drop", metavar="X", parse=float),
+    Option("metric", None, lambda v: v is None or v in METRICS, f"one of {', '.join(METRICS)}",
+           "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
+           flag="--metric", key="metric", choices=lambda: METRICS),
+    Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
+           f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA})",
+           f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "
+           f"convolutions (default {DEFAULT_ALPHA}; 0: off): outlier channels move into the weights",
+           flag="--smoothing", key="smoothing", metavar="ALPHA", parse=float),
+    Option("equalization", True, _is_bool, "True or False",
+           "leave depthwise convolutions' inputs as they are (default: scale their small channels up "
+           "against the convolution before them, in convolutional models)",
+           flag="--no-equalization", key="equalization"),
+    Option("rounding", None, lambda v: v is None or v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}",
+           "tosa-int8: how the rescales round (default single_round, TOSA's; double_round: TFLite's)",
+           flag="--rounding", key="rounding", choices=lambda: ROUNDINGS, backend="tosa"),
+    Option("accumulator_bits", None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)
+                                               and 8 <= v <= 32),
+           "a whole number of bits in [8, 32], or None",
+           "tosa-int8: simulate accumulators this wide (e.g. 16) in requant's interpreter; the report says how "
+           "often each kernel's would overflow", flag="--accumulator-bits", key="accumulator_bits",
+           metavar="BITS", parse=int, backend="tosa"),
+    Option("fixed_inputs", None, _optional(lambda v: isinstance(v, Mapping)),
+           "a dict of input name -> value, or None",
+           "make input NAME a constant of VALUE (a number, or numbers separated by commas), as a setting "
+           "the model branches on: its If folds and the branch taken is quantized (repeatable)",
+           flag="--fix-input", key="fixed_inputs", metavar="NAME=VALUE", parse=lambda text: _fixed_input(text),
+           repeat=True),
+    Option("example_inputs", None, lambda v: True, "example inputs",
+           "a PyTorch module's example inputs (requant.load)"),
+    Option("dynamic_shapes", None, lambda v: True, "dynamic shapes",
+           "a PyTorch module's dynamic shapes (requant.load)"),
+)  # fmt: skip
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Options:
+    """One run's options, checked: build it with :meth:`create` (the API), or from the CLI's flags and
+    the config file (:mod:`requant.cli.quantize_cmd`), never field by field."""
+
+    target: str = "onnxruntime-cpu"
+    quantizer: Any = None
+    method: str | None = None
+    output: str | os.PathLike[str] | None = None
+    eval_data: Any = None
+    progress: Callable[[int, float], None] | None = None
+    measure: bool = True
+    strict: bool = False
+    bias_correction: bool = True
+    keep_float_below: float | None = None
+    max_drop: float | None = None
+    metric: str | None = None
+    smoothing: float | None = DEFAULT_ALPHA
+    equalization: bool = True
+    rounding: str | None = None
+    accumulator_bits: int | None = None
+    fixed_inputs: Mapping[str, Any] | None = None
+    example_inputs: Any = None
+    dynamic_shapes: Any = None
+
+    @classmethod
+    def create(cls, where: str = "", **given: Any) -> Options:
+        """The options ``given`` (the rest at their defaults), each checked, then together
+        (:meth:`_together`); the quantizer built for the target, and the method it implies.
+        ``where``: what errors start with (a config file's name)."""
+        unknown = sorted(set(given) - set(BY_NAME))
+        if unknown:
+            raise ArgumentError(f"{where}unknown option {', '.join(map(repr, unknown))}; known: {', '.join(BY_NAME)}")
+        values = {name: BY_NAME[name].checked(value, where) for name, value in given.items()}
+        options = cls(**values)
+        options._together()
+        return options._resolved()
+
+    def _together(self) -> None:
+        """The checks that read more than one option."""
+        backend = self.chosen_target.backend
+        for option in OPTIONS:
+            if option.backend and getattr(self, option.name) is not None and option.backend != backend:
+                owners = " and ".join(t for t in _target_names() if _backend(t) == option.backend)
+                raise ArgumentError(f"{option.name} is an option of the {owners} target, not of {self.target}")
+        if self.output is not None and str(self.output).endswith(".mlir") and backend != "tosa":
+            raise ArgumentError(f"'{self.output}': only the tosa-int8 target writes MLIR; {self.target} writes ONNX "
+                                "(.onnx)")  # fmt: skip
+        if self.max_drop is None:
+            if self.metric is not None:
+                raise ArgumentError("metric is the accuracy budget's: give max_drop too")
+            return
+        if self.eval_data is None:
+            raise ArgumentError("max_drop needs eval_data: the drop is measured on the evaluation data")
+        if self.keep_float_below is not None:
+            raise ArgumentError("give max_drop or keep_float_below, not both: both choose which kernels stay float")
+        if self.metric == "accuracy" and not _has_labels(self.eval_data):
+            raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
+
+    def _resolved(self) -> Options:
+        """The quantizer for the target's table (the model's default preset when none is given), and
+        the method: ``"auto"`` unless the quantizer's configs name observers of their own."""
+        from requant.quantizers import Quantizer
+
+        quantizer = (self.quantizer or Quantizer().set_global_by_model()).for_table(self.chosen_target.table)
+        method = DEFAULT_METHOD if self.method is None and not quantizer.names_observers() else self.method
+        return _replace(self, quantizer=quantizer, method=method)
+
+    @property
+    def chosen_target(self) -> Any:
+        from requant.targets.registry import get_target
+
+        return get_target(self.target)
+
+    @property
+    def load_options(self) -> dict[str, Any]:
+        """What the front door takes besides the model."""
+        named = ("example_inputs", "dynamic_shapes", "fixed_inputs")
+        return {name: getattr(self, name) for name in named if getattr(self, name) is not None}
+
+    @property
+    def measures_kernels(self) -> bool:
+        """Whether each int8 kernel is measured against float (bias correction, and what reads it)."""
+        return self.bias_correction or self.keep_float_below is not None or self.max_drop is not None
+
+    def keeps_float_model(self) -> bool:
+        """Whether the float model is kept serialized beside the run (latency, evaluation, auto's choice)."""
+        return self.measure or self.eval_data is not None or self.method == "auto"
+
+
+def _replace(options: Options, **changes: Any) -> Options:
+    values = {f.name: getattr(options, f.name) for f in fields(options)}
+    return Options(**{**values, **changes})
+
+
+def _has_labels(data: Any) -> bool:
+    from requant.calibration.samples import split_labels
+
+    return split_labels(data, set())[1] is not None  # (a path: its labels array read alone)
+
+
+def check_table() -> None:
+    """The table and :class:`Options` name the same options, with the same defaults."""
+    names = [f.name for f in fields(Options) if not f.name.startswith("_")]
+    assert names == [o.name for o in OPTIONS], names
+    for f in fields(Options):
+        if not f.name.startswith("_"):
+            assert f.default == BY_NAME[f.name].default, f.name
+
+
+check_table()
+
+
+def preflight(options: Options, model: Any, calibration_data: Any) -> None:
+    """The checks of what the options name on disk, before any work: the data are there, and the
+    output overwrites no input (a refused run writes nothing)."""
+    from requant.calibration.data import check_exists
+    from requant.frontends import check_outputs
+
+    check_exists(calibration_data, "calibration")
+    check_exists(options.eval_data, "evaluation")
+    if options.output is not None:
+        check_outputs({"output": options.output}, {"the model": model, "the calibration data": calibration_data,
+                                                   "the evaluation data": options.eval_data})  # fmt: skip

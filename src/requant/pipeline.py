@@ -1,0 +1,104 @@
+"""requant's main job, ``quantize(model, calibration_data, **options)``: the stages, in order, on one screen.
+
+Each stage is a module of :mod:`requant.stages` (what it reads, adds and records is in its docstring);
+options are checked once, before any work (:mod:`requant.options`); the calibration data is opened once
+(:class:`~requant.calibration.samples.Samples`); the report is the sections the stages record, and
+its summary is read from them (:mod:`requant.stages.report`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from requant.backends.tosa import TosaProgram
+from requant.backends.tosa.mlir import to_mlir
+from requant.calibration.samples import KEEP_SAMPLES, Samples
+from requant.errors import RequantError
+from requant.frontends import save_onnx, save_text
+from requant.options import OPTIONS, Options, preflight
+from requant.report.agreement import Reference
+from requant.runtime import one_blas_thread
+from requant.stages.budget import keep_float_below, within_budget
+from requant.stages.check import check
+from requant.stages.choose import choose_method
+from requant.stages.lower import lower
+from requant.stages.report import summary
+from requant.stages.run import Flow, Run
+from requant.targets.kernels import host_kernel_model
+
+__all__ = ["QuantizedModel", "quantize"]
+
+
+@dataclass
+class QuantizedModel:
+    """The quantized model (QDQ ONNX) and its report (a JSON-able dict); for the ``tosa-int8`` target,
+    also its integer TOSA program (``tosa``; ``mlir()`` its text). ``save(path)`` writes the model:
+    MLIR text for a path ending in ``.mlir``, the QDQ model otherwise."""
+
+    model: ir.Model
+    report: dict[str, Any] = field(default_factory=dict)
+    tosa: TosaProgram | None = None
+
+    def mlir(self) -> str:
+        if self.tosa is None:
+            raise RequantError("only the tosa-int8 target writes MLIR (quantize with target='tosa-int8')")
+        return to_mlir(self.tosa)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        if str(path).endswith(".mlir"):
+            save_text(self.mlir(), path)
+        else:
+            save_onnx(self.model, path)
+
+
+@one_blas_thread
+def quantize(model: Any, calibration_data: Any, options: Options | None = None, **given: Any) -> QuantizedModel:
+    """Quantize ``model`` (a path, bytes, ``ModelProto``, onnx-ir model or PyTorch module) for a target,
+    calibrated on ``calibration_data``; ``options`` (an :class:`~requant.options.Options`), or the options
+    by name (every one is listed below, and in docs/cli.md)."""
+    started = time.perf_counter()
+    options = options or Options.create(**given)
+    preflight(options, model, calibration_data)  # before any work: a refused run writes nothing
+    flow = Flow(model, options, Samples(calibration_data))
+    keep = sys.maxsize if options.max_drop is not None else KEEP_SAMPLES  # every budget try reads it all again
+    evaluation = Samples(options.eval_data, "evaluation", keep) if options.eval_data is not None else None
+    report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
+    if options.method == "auto":  # annotate -> calibrate (each candidate) -> convert, the closest kept
+        run, report["method_choice"] = choose_method(flow)
+    else:  # annotate -> calibrate -> convert
+        run = flow.run(options.quantizer, options.method)
+    run, kept = keep_float_below(flow, run)
+    reference = Reference(run.float_proto) if options.max_drop is not None else None
+    budget: dict[str, Any] | None = None
+    tried: list[Run] = []
+    if options.max_drop is not None:
+        run, budget, tried = within_budget(flow, run, evaluation, reference)  # type: ignore[arg-type]
+    report.update(run.section(options), **kept, quantize_seconds=time.perf_counter() - started)
+    if options.fixed_inputs:
+        report["fixed_inputs"] = {name: np.asarray(v).tolist() for name, v in options.fixed_inputs.items()}
+    measured, reference = check(flow, run, evaluation, reference, budget, tried)
+    report.update(measured)
+    if budget is not None:
+        report["accuracy_budget"] = budget
+    report["this_cpu"] = host_kernel_model().name  # what the machine computes (the advice depends on it)
+    program, lowered = lower(flow, run, evaluation, reference)
+    report.update(lowered)
+    report["summary"] = summary(report)
+    result = QuantizedModel(run.converted.model, report, program)
+    if options.output is not None:
+        result.save(options.output)
+    return result
+
+
+quantize.__doc__ = (
+    (quantize.__doc__ or "")
+    + "\n\n"
+    + "\n".join(f"    ``{o.name}`` (default {o.default!r}): {o.help}" for o in OPTIONS)
+)

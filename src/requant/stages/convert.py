@@ -1,0 +1,188 @@
+"""Stage convert: a calibrated model to the target's QDQ model, checked.
+
+Propagation resolves shared, derived and fixed requests and the target's same-scale constraints
+(:mod:`requant.propagation`), and encodes each kernel's weights for how the target's kernels add
+(:mod:`requant.encoding`); the QDQ model is written (:mod:`requant.backends.qdq`); each int8
+convolution's and Gemm's bias gets back the mean shift quantization caused
+(:mod:`requant.transforms.bias_correction`); lint reads what ONNX Runtime fused.
+
+Reads: the calibrated model, the target, the samples (bias correction's first ones). Adds: the QDQ
+model. Records: ``propagated``, ``rescales``, ``weight_encoding``, ``bias_correction``, ``lint``,
+``size_bytes`` (the quantized model's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from requant.backends import finish_qdq, materialize_qdq
+from requant.calibration.runner import Progress
+from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding
+from requant.propagation.propagate import propagate
+from requant.report.lint import LintResult, lint
+from requant.report.markdown import encoding_summary
+from requant.targets.kernels import ONNXRUNTIME_X86_VNNI
+from requant.targets.registry import Target
+from requant.transforms.bias_correction import (
+    DEFAULT_SAMPLES,
+    BiasCorrection,
+    BiasSums,
+    correct_biases,
+    float_parameters,
+)
+
+__all__ = ["SKETCH_SAMPLES", "Converted", "Staged", "convert", "finish", "section", "sketch", "stage"]
+
+SKETCH_SAMPLES = 8  # the samples each candidate of method="auto" has its biases corrected on, to compare
+
+
+@dataclass
+class Staged:
+    """A calibrated model with its QDQ written, before bias correction and the final rewrites."""
+
+    model: ir.Model
+    notes: list[Any]
+    encodings: list[WeightEncoding]
+    floats: dict[str, ir.TensorProtocol]  # the kernels' float parameters, for bias correction
+
+
+@dataclass
+class Converted:
+    model: ir.Model
+    proto: onnx.ModelProto  # serialized once: lint and the report share it
+    notes: list[Any]
+    encodings: list[WeightEncoding]
+    lint_result: LintResult
+    kernels: list[BiasCorrection]
+    # the kernels' float weights and biases as quantized (smoothed, equalized), by value name
+    floats: dict[str, ir.TensorProtocol] = field(default_factory=dict)
+
+
+def convert(
+    model: ir.Model,
+    target: Target,
+    bias_data: Any = None,
+    bias_samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+    correct: bool = True,
+) -> Converted:
+    """``model`` staged and finished: with ``bias_data`` (calibration samples), the int8 convolutions
+    and Gemms measured against their float versions on its first ``bias_samples`` samples and, with
+    ``correct``, their int32 biases corrected."""
+    return finish(stage(model, target, bias_data is not None), bias_data, bias_samples, progress, correct)
+
+
+def stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo | None = None) -> Staged:
+    """Propagation (weights encoded), and the QDQ model written."""
+    propagation = propagate(model, target.kernels, memo, target.table.same_scale)
+    floats = float_parameters(model) if keep_floats else {}
+    return Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats)
+
+
+def finish(
+    staged: Staged,
+    bias_data: Any = None,
+    bias_samples: int = DEFAULT_SAMPLES,
+    progress: Progress | None = None,
+    correct: bool = True,
+    sums: BiasSums | None = None,
+) -> Converted:
+    """Bias correction, the QDQ model's final rewrites, and lint. ``sums``: what a sketch of ``staged``
+    measured, for bias correction to start from."""
+    model = staged.model
+    kernels = []
+    if bias_data is not None:
+        kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct, sums)
+    finish_qdq(model)
+    proto = ir.serde.serialize_model(model)
+    return Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels, staged.floats)
+
+
+def sketch(staged: Staged, bias_data: Any, correct: bool) -> tuple[onnx.ModelProto, BiasSums]:
+    """``staged`` finished on a copy with biases corrected on only ``SKETCH_SAMPLES`` samples, serialized
+    (``staged`` itself is untouched): a cheaper stand-in for comparing candidates; and what its bias
+    correction summed, which finishing ``staged`` starts from."""
+    copy = staged.model.clone()
+    sums = BiasSums()
+    if bias_data is not None:
+        correct_biases(copy, staged.floats, bias_data, SKETCH_SAMPLES, lambda done, elapsed: None, correct, sums)
+    finish_qdq(copy)
+    return ir.serde.serialize_model(copy), sums
+
+
+def section(converted: Converted, target: Target, bias_correction: bool, float_size: int) -> dict[str, Any]:
+    """The report's sections on what conversion did."""
+    return {
+        "propagated": [n.as_dict() for n in converted.notes],
+        # where an op the target binds to one type got two (targets.constraints): a rescale, or a float op
+        "rescales": [n.as_dict() for n in converted.notes if n.meets],
+        "weight_encoding": {
+            "kernel_model": target.kernels.name,
+            "exact_on": target.kernels.cpus,
+            "kernels": [e.__dict__ for e in converted.encodings],
+        },
+        "bias_correction": {
+            "enabled": bias_correction,
+            "kernels": [c.__dict__ for c in converted.kernels],
+        },
+        "lint": converted.lint_result.to_json(),
+        "size_bytes": {"float": float_size, "quantized": converted.proto.ByteSize()},
+    }
+
+
+def rescale_lines(report: Mapping[str, Any]) -> list[str]:
+    met = report.get("rescales", [])
+    if not met:
+        return []
+    rescaled = sum(r["how"] == "rescale" for r in met)
+    return [
+        f"where constraints meet: {len(met)} (ops the target binds to one type that got two: "
+        f"{rescaled} rescaled before the op, {len(met) - rescaled} computed in float by the runtime)"
+    ]
+
+
+def encoding_lines(report: Mapping[str, Any]) -> list[str]:
+    if not report.get("weight_encoding", {}).get("kernels"):
+        return []
+    out = [f"int8 weights: {encoding_summary(report['weight_encoding'])}"]
+    encodings = report["weight_encoding"]["kernels"]
+    if report.get("this_cpu") == ONNXRUNTIME_X86_VNNI.name and any(e["rescaled"] for e in encodings):
+        out.append(
+            "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni keeps full-range int8 weights "
+            "(exact there, and more accurate; on CPUs without VNNI they can saturate)"
+        )
+    return out
+
+
+def lint_lines(report: Mapping[str, Any]) -> list[str]:
+    """What lint found, then the size."""
+    checked = LintResult.from_json(report["lint"]).text()
+    if report.get("tosa"):  # lint reads the QDQ twin, not the TOSA program (int32 accumulators: nothing saturates)
+        checked = "the QDQ twin (-o model.onnx), as ONNX Runtime would run it:\n" + "\n".join(
+            f"  {line}" for line in checked.splitlines()
+        )
+    size = report["size_bytes"]
+    return [
+        checked,
+        f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
+        f"({size['quantized'] / size['float']:.2f}x)",
+    ]
+
+
+def bias_lines(report: Mapping[str, Any]) -> list[str]:
+    out = []
+    kernels = report.get("bias_correction", {}).get("kernels")
+    if kernels and report["bias_correction"].get("enabled"):
+        largest = max(kernels, key=lambda k: k["max_shift"])
+        out.append(
+            f"bias correction: {len(kernels)} kernels, largest shift {largest['max_shift']:.3g} ({largest['node']})"
+        )
+    if kernels:
+        worst = min(kernels, key=lambda k: k["sqnr_db"])
+        out.append(f"kernel SQNR against float: lowest {worst['sqnr_db']:.1f} dB ({worst['node']})")
+    return out

@@ -1,0 +1,84 @@
+"""Stage load: the user's model in (ONNX or PyTorch), canonicalized, the target's passes run, and a
+float16 or bfloat16 model computed in float32 (ONNX Runtime's CPU int8 kernels take float32).
+
+Reads: the model source, the target, the front door's options (``fixed_inputs``, a PyTorch module's
+``example_inputs``). Adds: the model every later stage works on. Records: what the target's passes
+rewrote (``quantizers.decomposed``, beside the quantizers' own decompositions) and the float type the
+model computes in (``quantizers.compute``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx_ir as ir
+
+from requant.frontends import LoadError, load
+from requant.ir.annotations import iter_values
+from requant.passes import get_passes, run_passes
+from requant.passes._rewrite import with_opset
+from requant.passes.compute_in_float32 import HALF
+from requant.targets.registry import Target
+
+__all__ = ["Loaded", "load_model"]
+
+log = logging.getLogger("requant")
+
+
+@dataclass
+class Loaded:
+    """The model as every later stage sees it, and what loading did to it."""
+
+    model: ir.Model
+    decomposed: list[dict[str, str]] = field(default_factory=list)  # what the target's passes rewrote
+    compute: str = ""  # the float type the model computes in, when requant changed it
+
+
+def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> Loaded:
+    """``source`` loaded (an ``ir.Model`` copied first: the caller's is never changed), canonicalized,
+    the target's passes run, and computed in float32 when it computes in a half type."""
+    if isinstance(source, ir.Model):
+        source = source.clone()
+    model = load(source, **load_options)
+    model, _ = run_passes(model, get_passes("canonicalize"))
+    model, rewritten = _target_passes(model, target)
+    for value in model.graph.inputs:
+        if value.dtype == ir.DataType.BFLOAT16 and value.name not in model.graph.initializers:
+            raise LoadError(
+                f"input '{value.name}' is bfloat16: ONNX Runtime's Python API takes no bfloat16 arrays (NumPy has no "
+                "such type), so the model cannot be calibrated, nor its quantized version fed; export it with float32 "
+                "or float16 inputs (bfloat16 weights and ops inside are fine: requant computes them in float32)"
+            )
+    half = sorted({str(v.dtype) for v in iter_values(model.graph) if v.dtype in HALF})
+    compute = ""
+    if half:  # ONNX Runtime's CPU int8 kernels (every target so far) take float32 scales and activations
+        model, _ = run_passes(model, get_passes("compute-in-float32"))
+        kind = " and ".join(t.lower() for t in half)
+        compute = (
+            f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
+            f"activations: its inputs and outputs keep their {kind} types, through Casts)"
+        )
+    return Loaded(model, rewritten, compute)
+
+
+def _target_passes(model: ir.Model, target: Target) -> tuple[ir.Model, list[dict[str, str]]]:
+    """``model`` after the target's passes (``Target.passes``), its opset raised first where a pass
+    needs a newer one for what it finds, and what they rewrote (as the quantizers' decompositions are
+    reported)."""
+    done = []
+    for name in target.passes:
+        for rewrite in get_passes(name):
+            found = rewrite.finds(model)
+            current = model.opset_imports.get("", 0)
+            why = f"{target.name}: {rewrite.name}"
+            if found and current < rewrite.opset:
+                log.info("raising the opset from %d to %d for %s (ONNX's version converter)", current, rewrite.opset,
+                         rewrite.name)  # fmt: skip
+                model = with_opset(model, rewrite.opset)
+                why += f" (the model's opset raised from {current} to {rewrite.opset} for it)"
+            model, _ = run_passes(model, [rewrite])
+            done += [{"node": f, "into": rewrite.into or rewrite.name, "why": why} for f in found]
+    return model, done
