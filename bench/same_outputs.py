@@ -128,13 +128,10 @@ def _digits_cli() -> dict[str, str]:
 def _on_crops(make: str, target: str = "onnxruntime-cpu", calibration: int = 64) -> Callable[[], dict[str, str]]:
     def run() -> dict[str, str]:
         from tests.models import on_crops
-        from tests.models.efficientnet import make_efficientnet_lite0
-        from tests.models.mobilenet import make_mobilenet_v2
 
         import requant
 
-        net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[make]()
-        model, calib, evaluation = on_crops(net, calibration, 32, seed=7)
+        model, calib, evaluation = on_crops(make, calibration, 32, seed=7)
         result = requant.quantize(model, calib, eval_data=evaluation, target=target, measure=False)
         return _result_digests(result, mlir=target == "tosa-int8")
 

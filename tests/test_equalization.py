@@ -261,9 +261,8 @@ def test_mobilenet_v2_comes_closer_to_float() -> None:
     SQNR 20.3 -> 21.4 dB."""
     pytest.importorskip("torch")
     from tests.models import on_crops
-    from tests.models.mobilenet import make_mobilenet_v2
 
-    model, calib, evaluation = on_crops(make_mobilenet_v2(), 64, 64, seed=1)
+    model, calib, evaluation = on_crops("mobilenet_v2", 64, 64, seed=1)
     plain, evened = (
         requant.quantize(model, calib, eval_data=evaluation, measure=False, equalization=on).report
         for on in (False, True)

@@ -12,7 +12,6 @@ from pathlib import Path
 import onnx_ir as ir
 import onnxscript.optimizer
 import pytest
-import torch
 
 import requant
 from requant.frontends import load_onnx, load_onnx_text
@@ -100,18 +99,9 @@ def test_shape_arithmetic_that_folds_runs_the_folder(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "minilm"])
 def test_guard_on_real_exports(name: str) -> None:
-    from tests.models.minilm import make_minilm, tokenize
-    from tests.models.mobilenet import make_mobilenet_v2
+    from tests.models import exported
 
-    if name == "minilm":
-        ids, mask = tokenize(["A sentence to export with."])
-        model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)))
-    else:
-        images = torch.zeros(2, 3, 224, 224)
-        model = requant.load(
-            make_mobilenet_v2(), example_inputs=(images,), dynamic_shapes=({0: torch.export.Dim("batch")},)
-        )
-    _check(model)
+    _check(exported("minilm_static" if name == "minilm" else name))
 
 
 def test_an_index_out_of_a_shape_leaves_the_decision_to_the_folder() -> None:

@@ -125,18 +125,10 @@ def test_minilm_sentence_encoder(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0", "minilm"])
 def test_real_models_are_annotated_end_to_end(name: str) -> None:
     from requant.quantizers import INT8_PER_CHANNEL_WEIGHTS, Quantizer
-    from tests.models.efficientnet import make_efficientnet_lite0
-    from tests.models.minilm import make_minilm, tokenize
-    from tests.models.mobilenet import make_mobilenet_v2
+    from tests.models import exported
 
-    if name == "minilm":
-        ids, mask = tokenize(["A sentence to export with."])
-        model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)))
-    else:
-        net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[name]()
-        # a dynamic batch, as users export: the exporter then computes shapes in int64 ops
-        dims = ({0: torch.export.Dim("batch")},)
-        model = requant.load(net, example_inputs=(torch.from_numpy(sample_images()),), dynamic_shapes=dims)
+    # the conv nets with a dynamic batch, as users export: the exporter then computes shapes in int64 ops
+    model = exported("minilm_static" if name == "minilm" else name)
     model, _ = run_passes(model, get_passes("canonicalize"))
     report = Quantizer().set_global(INT8_PER_CHANNEL_WEIGHTS).quantize(model)
     verify_model(model)  # requests fit their values; shared and derived ones name real values
@@ -163,9 +155,8 @@ def test_efficientnet_lite0_int8_weights_are_exact_on_every_cpu() -> None:
     """
     from requant.quantizers import INT8_REDUCED_RANGE_WEIGHTS, UINT8_PER_CHANNEL_WEIGHTS, Quantizer
     from tests.models import on_crops
-    from tests.models.efficientnet import make_efficientnet_lite0
 
-    model, calib, evaluation = on_crops(make_efficientnet_lite0(), 48, 48, seed=1)
+    model, calib, evaluation = on_crops("efficientnet_lite0", 48, 48, seed=1)
     default = requant.quantize(model, calib, eval_data=evaluation, measure=False).report
     reports = {
         name: requant.quantize(

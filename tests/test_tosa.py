@@ -835,11 +835,8 @@ def test_conv_nets_as_integer_tosa(make: str, depthwise: int) -> None:
     interpreter, and as close to float as requant's ONNX Runtime output (its logits' SQNR within 1 dB)."""
     pytest.importorskip("torch")
     from tests.models import on_crops
-    from tests.models.efficientnet import make_efficientnet_lite0
-    from tests.models.mobilenet import make_mobilenet_v2
 
-    net = {"mobilenet_v2": make_mobilenet_v2, "efficientnet_lite0": make_efficientnet_lite0}[make]()
-    model, calib, evaluation = on_crops(net, 48, 32, seed=2)
+    model, calib, evaluation = on_crops(make, 48, 32, seed=2)
     key = str(model.graph.inputs[0].name)
     tosa = requant.api.quantize(model, calib, target="tosa-int8", measure=False)
     onnxruntime_output = requant.api.quantize(model, calib, eval_data=evaluation, measure=False)

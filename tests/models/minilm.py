@@ -133,17 +133,14 @@ def tokenize(sentences: list[str], length: int = 64) -> tuple[np.ndarray, np.nda
 
 
 def export_minilm(count: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
-    """all-MiniLM-L6-v2 through requant's PyTorch front door (batch and sequence dynamic), and the
-    bench's first ``count`` sentences as samples, one sentence each at its own length."""
-    import torch
+    """all-MiniLM-L6-v2 through requant's PyTorch front door (batch and sequence dynamic:
+    ``tests.models.exported``), and the bench's first ``count`` sentences as samples, one sentence each
+    at its own length."""
     from bench.bench_quantize import sentences
 
-    import requant
+    from tests.models import exported
 
     texts = sentences(count)
-    ids, mask = tokenize(texts[:2])
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
-    model = requant.load(make_minilm(), example_inputs=(torch.from_numpy(ids), torch.from_numpy(mask)),
-                         dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))  # fmt: skip
+    model = exported("minilm")
     names = [str(v.name) for v in model.graph.inputs]
     return model, [dict(zip(names, tokenize([t]), strict=True)) for t in texts]

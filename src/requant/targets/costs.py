@@ -10,7 +10,7 @@ GlobalAveragePool).
 Measured with ``bench/bench_op_costs.py`` (chains of 2 and 10 ops, interleaved in one process, 2
 threads, batch 1) on ONNX Runtime 1.31.1 with the AVX2 kernels of a CPU without VNNI
 (``bench/ort_without_vnni.py`` on an AMD EPYC Zen 5), at 3,136 and 200,704 elements, 2026-11-25
-(``bench/results_2026-11-25_op_costs.json``). A QuantizeLinear and a DequantizeLinear were measured
+(``bench/results/op_costs.json``). A QuantizeLinear and a DequantizeLinear were measured
 as a pair (0.33 ns an element); each is modelled as half of it.
 
 Modelled as costing the same either way (``free``): layout ops (Reshape, Transpose, Concat, Slice,
@@ -119,7 +119,7 @@ ONNXRUNTIME_X86_COSTS = CostModel(
     ),
     # bench/bench_kernel_costs.py (chains of 3 and 11 kernels, 64-channel pointwise and depthwise convs and
     # 32-channel 3x3 ones at 14x14 and 56x56, 384-wide linear layers on 16 and 128 tokens), AVX2
-    # kernels, 40 rounds, 2026-11-25 (bench/results_2026-11-25_kernel_costs.json). Int8 depthwise convs are slower
+    # kernels, 40 rounds, 2026-11-25 (bench/results/kernel_costs.json). Int8 depthwise convs are slower
     # than float ones here (ONNX Runtime's NCHWc float kernel against MLAS's widening int8 one), but
     # a float one reading an int8 kernel's output costs more in conversion and reorders than it saves.
     # A float linear layer reading an int8 one's output measured no dearer (modelled free).
@@ -136,7 +136,7 @@ _VNNI_PAIR = OpCost(0.40, 0.116)  # AVX-512 conversions: a third of the AVX2 one
 
 # The same ops with ONNX Runtime's own kernel choice on a CPU with AVX512-VNNI (AMD EPYC Zen 5; the
 # onnxruntime-cpu-vnni target's CPUs), bench/bench_op_costs.py without the AVX2 copy, 2026-11-25
-# (bench/results_2026-11-25_op_costs_vnni.json). The int8 elementwise ops cost what they cost with
+# (bench/results/op_costs_vnni.json). The int8 elementwise ops cost what they cost with
 # AVX2; the conversions and the float pools are cheaper.
 ONNXRUNTIME_X86_VNNI_COSTS = CostModel(
     name="ONNX Runtime 1.31 CPU, AVX512-VNNI kernels, 2 threads (bench/bench_op_costs.py, 2026-11-25)",
@@ -161,7 +161,7 @@ ONNXRUNTIME_X86_VNNI_COSTS = CostModel(
     free=ONNXRUNTIME_X86_COSTS.free,
     fused_alone=ONNXRUNTIME_X86_COSTS.fused_alone,
     # bench/bench_kernel_costs.py with ONNX Runtime's own kernels on the Zen 5, 2026-11-25
-    # (bench/results_2026-11-25_kernel_costs_vnni.json); a float linear layer reading an int8 one's output
+    # (bench/results/kernel_costs_vnni.json); a float linear layer reading an int8 one's output
     # measured cheaper than the sum of its parts (-6 and -61 us): modelled free
     kernels={
         "pointwise": KernelCost(OpCost(4.30, 0.0039), OpCost(3.85, 0.0012), OpCost(20.4, 0.236)),
