@@ -113,9 +113,10 @@ def test_a_plain_folder_of_images_asks_for_the_preprocessing(tmp_path: Path) -> 
         ({"preset": "imagenet", "crop": [200, 180]}, None),
         ({"preset": "vgg"}, "unknown preset 'vgg'; known: imagenet, unit"),
         ({"size": 3}, "unknown key 'size'"),
-        ({"layout": "CHW"}, "image layout must be one of NCHW, NHWC"),
-        ({"std": [0.5, 0.0, 1.0]}, "image std values must be positive"),
-        ({"crop": 0}, "image sizes must be positive integers"),
+        ({"layout": "CHW"}, "images.layout: image layout must be one of NCHW, NHWC"),
+        ({"std": [0.5, 0.0, 1.0]}, "images.std: image std values must be positive"),
+        ({"crop": 0}, "images.crop: image crop must be a positive integer \\(pixels\\), got 0"),
+        ({"resize": -8}, "images.resize: image resize must be a positive integer \\(pixels\\), got -8"),
     ],
 )
 def test_preprocessing_from_settings(settings: dict[str, object], message: str | None) -> None:

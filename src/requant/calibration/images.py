@@ -28,6 +28,14 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".we
 LAYOUTS = ("NCHW", "NHWC")
 
 
+class FieldError(CalibrationError):
+    """A preprocessing field with a value it cannot take; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class ImagePreprocessing:
     """How an image becomes an input tensor.
@@ -47,21 +55,21 @@ class ImagePreprocessing:
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
-            raise CalibrationError(f"image layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+            raise FieldError("layout", f"image layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         crop = self.crop
-        sizes = [self.resize] + ([] if crop is None else list(crop) if isinstance(crop, Sequence) else [crop])
         if isinstance(crop, Sequence) and len(crop) != 2:
-            raise CalibrationError(f"image crop must be one size or (height, width), got {crop!r}")
-        for size in sizes:
+            raise FieldError("crop", f"image crop must be one size or (height, width), got {crop!r}")
+        crops = [] if crop is None else list(crop) if isinstance(crop, Sequence) else [crop]
+        for name, size in (("resize", self.resize), *(("crop", c) for c in crops)):
             if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-                raise CalibrationError(f"image sizes must be positive integers, got {size!r}")
+                raise FieldError(name, f"image {name} must be a positive integer (pixels), got {size!r}")
         object.__setattr__(self, "crop", tuple(crop) if isinstance(crop, Sequence) else crop)
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         if len(self.mean) != len(self.std) or len(self.mean) not in (1, 3):
-            raise CalibrationError(f"image mean and std need 1 or 3 values each, got {self.mean} and {self.std}")
+            raise FieldError("mean", f"image mean and std need 1 or 3 values each, got {self.mean} and {self.std}")
         if any(s <= 0 for s in self.std):
-            raise CalibrationError(f"image std values must be positive, got {self.std}")
+            raise FieldError("std", f"image std values must be positive, got {self.std}")
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], where: str = "images") -> ImagePreprocessing:
@@ -82,6 +90,8 @@ class ImagePreprocessing:
         base = IMAGE_PRESETS[preset] if preset else cls()
         try:
             return dataclasses.replace(base, **settings)
+        except FieldError as exc:  # the table's key named: "run.toml: images.crop: ..."
+            raise CalibrationError(f"{where}.{exc.field}: {exc}") from None
         except CalibrationError as exc:
             raise CalibrationError(f"{where}: {exc}") from None
         except (TypeError, ValueError) as exc:  # mean = "abc", std = [true]...

@@ -181,12 +181,24 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
                 f"to {WORKING_OPSET}: {exc}"
             ) from None
         log.info("%s: converted from opset %d to opset %d with ONNX's version converter", what, opset, WORKING_OPSET)
+    _raise_ir_version(proto, what)
     model = ir.serde.deserialize_model(proto)
     if path is not None:
         ir.external_data.set_base_dir(model.graph, path.parent)
     _initializers_are_not_inputs(model.graph, what)
     load_annotations(model)
     return model
+
+
+def _raise_ir_version(proto: onnx.ModelProto, what: str) -> None:
+    """An IR version older than its opsets need (IR 3, what exporters of opset 7 and 8 wrote) raised to
+    the oldest that holds them: from IR 4 on, an initializer need not be a graph input, and requant takes
+    them as constants (:func:`_initializers_are_not_inputs`); ONNX Runtime refuses an IR-3 model whose
+    initializers are not inputs ("initializer_arg was false")."""
+    needed = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    if proto.ir_version < max(needed, 4):
+        log.info("%s: IR version %d raised to %d (its opsets need it)", what, proto.ir_version, max(needed, 4))
+        proto.ir_version = max(needed, 4)
 
 
 def _initializers_are_not_inputs(graph: ir.Graph, what: str) -> None:
