@@ -33,17 +33,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.models: the model classes
 
 DIGITS = ROOT / "examples" / "digits"
-TIMED = {"quantize_seconds", "latency_ms_batch1", "latency_ms", "latency_ms_before"}
-# summary and page lines whose figures are timings
-TIMED_LINE = re.compile(r"(latency|quantized in|re-quantizations)")
+TIMED = {"quantize_seconds", "latency_ms_batch1", "latency_ms", "latency_ms_before", "speed"}
+# summary and page lines whose figures are timings (the speed stage's say whether int8 measured slower)
+TIMED_LINE = re.compile(r"(latency|quantized in|re-quantizations|SLOWER THAN FLOAT|^speed: )")
 
 
-def _untimed(value: Any) -> Any:
-    """The report with every timing replaced by a placeholder (the key kept)."""
+WITHOUT: set[str] = set()  # report sections left out of the digests (--without)
+
+
+def _untimed(value: Any, top: bool = True) -> Any:
+    """The report with every timing replaced by a placeholder (the key kept), the sections of
+    ``WITHOUT`` left out."""
     if isinstance(value, dict):
-        return {k: ("<timed>" if k in TIMED else _untimed(v)) for k, v in value.items()}
+        return {k: ("<timed>" if k in TIMED else _untimed(v, False)) for k, v in value.items()
+                if not (top and k in WITHOUT)}  # fmt: skip
     if isinstance(value, list):
-        return [_untimed(v) for v in value]
+        return [_untimed(v, False) for v in value]
     if isinstance(value, str) and "\n" in value:
         return "\n".join(line for line in value.splitlines() if not TIMED_LINE.search(line))
     return value
@@ -189,7 +194,11 @@ def main() -> int:
     which.add_argument("--write", metavar="FILE", help="record the digests")
     which.add_argument("--check", metavar="FILE", help="compare with recorded digests")
     parser.add_argument("--only", metavar="TEXT", help="run the cases whose name contains TEXT")
+    parser.add_argument("--without", metavar="KEYS", default="",
+                        help="report sections to leave out (comma-separated): a change that adds a section "
+                        "shows the rest unchanged")  # fmt: skip
     args = parser.parse_args()
+    WITHOUT.update(k for k in args.without.split(",") if k)
     import logging
 
     logging.basicConfig(level=logging.WARNING)

@@ -91,7 +91,10 @@ def _adversarial_lstm(steps: int = 4, size: int = 16, hidden: int = 8, layout: i
 
 def test_lstm_weights_are_encoded_so_no_pair_saturates_without_vnni(tmp_path: Path) -> None:
     model = _adversarial_lstm()
-    calibration = {"x": np.random.default_rng(0).uniform(0, 1, (16, 4, 1, 16)).astype(np.float32)}
+    # one run a sample: the LSTM's input [4, 1, 16] has no batch axis of its own (a dict of stacked arrays
+    # cannot feed it; nothing read the samples before every output was checked against float)
+    runs = np.random.default_rng(0).uniform(0, 1, (16, 4, 1, 16)).astype(np.float32)
+    calibration = [{"x": run} for run in runs]
     exact = requant.quantize(model, calibration, measure=False)
     full = requant.quantize(model, calibration, target="onnxruntime-cpu-vnni", measure=False)
     by_weight = {k["weight"]: k for k in exact.report["weight_encoding"]["kernels"]}
@@ -125,7 +128,7 @@ def test_lstm_weights_are_encoded_so_no_pair_saturates_without_vnni(tmp_path: Pa
 def test_recurrent_ops_without_an_int8_kernel_stay_float_with_the_reason(op: str, layout: int, reason: str) -> None:
     model = _adversarial_lstm(op=op, layout=layout)
     shape = (1, 4, 16) if layout else (4, 1, 16)
-    calibration = {"x": np.random.default_rng(0).uniform(0, 1, (8, *shape)).astype(np.float32)}
+    calibration = [{"x": run} for run in np.random.default_rng(0).uniform(0, 1, (8, *shape)).astype(np.float32)]
     quantized = requant.quantize(model, calibration, measure=False)
     assert [n.op_type for n in quantized.model.graph] == [op]
     decisions = [d for q in quantized.report["quantizers"]["quantizers"] for d in q["decisions"]]

@@ -132,7 +132,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("measure", True, _is_bool, "True or False",
            "skip the latency measurement (float and int8 runs interleaved, at most 2 s)",
            flag="--no-measure", key="measure"),
-    Option("strict", False, _is_bool, "True or False", "fail if a node asked to be quantized cannot be",
+    Option("strict", False, _is_bool, "True or False",
+           "fail if a node asked to be quantized cannot be; on the command line, exit 3 when an output of the "
+           "int8 model stays far from float (the model and reports are written)",
            flag="--strict", key="strict"),
     Option("bias_correction", True, _is_bool, "True or False",
            "keep the biases as quantized (default: correct the mean shift of int8 convolutions and Gemms)",
@@ -270,8 +272,9 @@ class Options:
         return self.bias_correction or self.keep_float_below is not None or self.max_drop is not None
 
     def keeps_float_model(self) -> bool:
-        """Whether the float model is kept serialized beside the run (latency, evaluation, auto's choice)."""
-        return self.measure or self.eval_data is not None or self.method == "auto"
+        """Whether the float model is kept serialized beside the run: always, since every output of the
+        int8 model is checked against it (:mod:`requant.stages.outputs`)."""
+        return True
 
 
 def _replace(options: Options, **changes: Any) -> Options:

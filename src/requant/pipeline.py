@@ -28,9 +28,12 @@ from requant.runtime import one_blas_thread
 from requant.stages.budget import keep_float_below, within_budget
 from requant.stages.check import check
 from requant.stages.choose import choose_method
+from requant.stages.joins import keep_joins_float
 from requant.stages.lower import lower
+from requant.stages.outputs import check_outputs
 from requant.stages.report import summary
 from requant.stages.run import Flow, Run
+from requant.stages.speed import measure_speed
 from requant.targets.kernels import host_kernel_model
 
 __all__ = ["QuantizedModel", "quantize"]
@@ -74,17 +77,21 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
         run, report["method_choice"] = choose_method(flow)
     else:  # annotate -> calibrate -> convert
         run = flow.run(options.quantizer, options.method)
+    run, joined = keep_joins_float(flow, run)  # a detector's boxes and scores: each its own type
     run, kept = keep_float_below(flow, run)
-    reference = Reference(run.float_proto) if options.max_drop is not None else None
+    reference = Reference(run.float_proto)  # its outputs on the evaluation samples, computed once for all
     budget: dict[str, Any] | None = None
     tried: list[Run] = []
     if options.max_drop is not None:
-        run, budget, tried = within_budget(flow, run, evaluation, reference)  # type: ignore[arg-type]
-    report.update(run.section(options), **kept, quantize_seconds=time.perf_counter() - started)
+        run, budget, tried = within_budget(flow, run, evaluation, reference)
+    held_out = report.get("method_choice", {}).get("held_out", 0)
+    run, checked = check_outputs(flow, run, held_out)  # every output against float; a remedy where one is far
+    seconds = time.perf_counter() - started
+    run, timed = measure_speed(flow, run, reference, budget, tried)  # against float; a remedy where no faster
+    report.update(run.section(options), **joined, **kept, **checked, **timed, quantize_seconds=seconds)
     if options.fixed_inputs:
         report["fixed_inputs"] = {name: np.asarray(v).tolist() for name, v in options.fixed_inputs.items()}
-    measured, reference = check(flow, run, evaluation, reference, budget, tried)
-    report.update(measured)
+    report.update(check(flow, run, evaluation, reference))
     if budget is not None:
         report["accuracy_budget"] = budget
     report["this_cpu"] = host_kernel_model().name  # what the machine computes (the advice depends on it)

@@ -138,4 +138,5 @@ def run(args: argparse.Namespace) -> int:
     print(result.report["summary"])
     for path in dict.fromkeys((output, *texts)):
         print(f"wrote {path}")
-    return 0
+    poor = result.report.get("outputs", {}).get("poor")
+    return 3 if options.strict and poor else 0  # as lint's --strict: written, but no good as it is

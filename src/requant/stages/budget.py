@@ -51,6 +51,7 @@ def keep_float_below(flow: Flow, run: Run) -> tuple[Run, dict[str, Any]]:
     if low:
         log.info("keeping %d kernels float (local SQNR below %s dB); quantizing again", len(low), threshold)
         run = flow.again(run, [k.node for k in low])
+        flow.kept_float += [k.node for k in low]  # and in every later run
     record = {"threshold_db": threshold, "kernels": [{"node": k.node, "sqnr_db": k.sqnr_db} for k in low]}
     return run, {"kept_float_below": record}
 
@@ -152,6 +153,7 @@ def within_budget(flow: Flow, run: Run, evaluation: Any, reference: Reference) -
         log.warning("the accuracy budget %s is not met: the smallest %s is %.4f with %d kernels float",
                     max_drop, describe(search.metric), final.drop, final.kept_float)  # fmt: skip
     record = _record(search, max_drop, met, final)
+    flow.kept_float += final.nodes  # and in every later run
     return search.runs[next(i for i, s in enumerate(steps) if s is final)], record, search.runs
 
 

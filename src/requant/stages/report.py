@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from requant.stages import annotate, budget, check, choose, convert, lower, transform
+from requant.stages import annotate, budget, check, choose, convert, joins, lower, outputs, speed, transform
 
 __all__ = ["SUMMARY", "summary"]
 
@@ -35,6 +35,8 @@ Lines = Callable[[Mapping[str, Any]], list[str]]
 
 # the summary's topics, in the order it prints them
 SUMMARY: tuple[Lines, ...] = (
+    outputs.alarm_lines,  # first: what makes the model no good, in words
+    speed.alarm_lines,
     _target,
     _fixed_inputs,
     annotate.preset_lines,
@@ -43,11 +45,12 @@ SUMMARY: tuple[Lines, ...] = (
     transform.lines,
     annotate.placement_lines,
     annotate.warning_lines,
+    joins.join_lines,
     convert.rescale_lines,
     lower.lines,
     convert.encoding_lines,
     convert.lint_lines,  # and the size
-    check.latency_lines,
+    speed.latency_lines,
     check.evaluation_lines,
     budget.lines,
     convert.bias_lines,

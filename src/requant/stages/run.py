@@ -22,6 +22,7 @@ from requant.calibration.runner import Kept, terminal_progress
 from requant.calibration.samples import Samples
 from requant.options import Options
 from requant.quantizers import Quantizer, QuantizerReport
+from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.stages import convert, transform
 from requant.stages.annotate import Prepared, prepare
 from requant.stages.transform import Evened, Evening
@@ -64,6 +65,8 @@ class Flow:
     cache: StatisticsCache = field(default_factory=StatisticsCache)
     method: str | None = None
     correcting: bool = True
+    kept_float: list[str] = field(default_factory=list)  # nodes a stage keeps float in every later run
+    placed_float: list[str] = field(default_factory=list)  # groups of int8 ops kept float (as placement does)
 
     def __post_init__(self) -> None:
         self.method = self.options.method
@@ -98,9 +101,14 @@ class Flow:
                                     correct=self.correcting)  # fmt: skip
         return Run(prepared.report, float_proto, float_size, chosen, converted, prepared.evened)
 
-    def again(self, first: Run, floats: list[str]) -> Run:
-        """A run like ``first`` with the kernels ``floats`` kept float."""
-        return self.run(self.options.quantizer.with_float_nodes(floats), self.method, first)
+    def again(self, first: Run, floats: list[str], placed: list[str] | None = None) -> Run:
+        """A run like ``first`` with the nodes ``floats`` kept float, the ops of ``placed`` too (asking
+        nothing of their ports, as placement keeps a group), and those an earlier stage kept."""
+        quantizer = self.options.quantizer.with_float_nodes([*self.kept_float, *floats])
+        groups = [*self.placed_float, *(placed or [])]
+        if groups:
+            quantizer = quantizer.with_float_nodes(groups, FLOAT_PLACED)
+        return self.run(quantizer, self.method, first)
 
     @property
     def kernel_data(self) -> Samples | None:

@@ -71,7 +71,7 @@ def even_out(
     progress = evening.progress or terminal_progress("measuring channels")
     if evening.alpha:
         smoothed = smooth_linears(model, evening.data, evening.alpha, progress, evening.ranges)
-        if target.backend != "tosa":  # integer-only: there a Mul by a positive constant is a per-channel rescale
+        if not target.integer_only:  # integer-only: there a Mul by a positive constant is a per-channel rescale
             quantizer = quantizer.with_float_nodes(smoothed.muls)  # each scales its input per channel: kept float
     if evening.equalize:
         equalized = equalize_depthwise(model, evening.data, progress, evening.ranges, outputs=evening.outputs)

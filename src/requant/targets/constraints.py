@@ -13,7 +13,12 @@ Seeds 000 and 002 name three kinds; requant keeps each where it is decided:
   target (the op's arithmetic, :mod:`requant.ir.traits`' ``WEIGHTED``): the pattern quantizer's
   ``DerivedSpec``, resolved by propagation once the weights are encoded;
 - **fixed scale**: parameters a kernel needs whatever calibration sees: a config's ``FixedSpec``,
-  and a target's floor on a scale (ONNX Runtime's QLinearSoftmax: ``KernelModel.softmax_overflow``).
+  and a target's floor on a scale (ONNX Runtime's QLinearSoftmax: ``KernelModel.softmax_overflow``);
+- **joined ranges** (this module, per target, by op type: :class:`Join`): an op that joins tensors into
+  one (a Concat) writes one type for inputs calibrated apart; an input whose range spans fewer than
+  ``MIN_STEPS`` of the output's steps loses what it says (a detector's head concatenating box
+  coordinates in pixels with probabilities: its scores round to 0 or 1). Decided once the types are
+  known, by :mod:`requant.stages.joins`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from typing import Literal
 
 import onnx_ir as ir
 
-__all__ = ["RESCALE", "RUNTIME_FLOAT", "SameScale"]
+__all__ = ["MIN_STEPS", "RESCALE", "RUNTIME_FLOAT", "Join", "SameScale"]
 
+# an input of a join must span at least this many steps of the join's output type (4 bits): fewer, and
+# what it says is lost (probabilities beside pixel coordinates: less than one step)
+MIN_STEPS = 16
 RESCALE: Literal["rescale"] = "rescale"
 RUNTIME_FLOAT: Literal["float"] = "float"
 
@@ -49,3 +57,17 @@ class SameScale:
 
     def binds(self, node: ir.Node) -> bool:
         return self.applies is None or self.applies(node)
+
+
+@dataclass(frozen=True)
+class Join:
+    """The op joins its data inputs into one output type.
+
+    ``meet``: what the target does where an input spans fewer than ``MIN_STEPS`` of the output's
+    steps: ``"float"``, the join is computed in float between its inputs' conversions (each input
+    keeps its own type; requant keeps the node float); ``"rescale"``, nothing better exists (an
+    integer-only target): it is reported. ``why``: the target's reason, for the report.
+    """
+
+    meet: Literal["rescale", "float"]
+    why: str

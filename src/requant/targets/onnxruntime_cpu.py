@@ -17,7 +17,7 @@ import onnx_ir as ir
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
-from requant.targets.constraints import RUNTIME_FLOAT, SameScale
+from requant.targets.constraints import RUNTIME_FLOAT, Join, SameScale
 from requant.targets.decompose import (
     AVERAGE_POOL_AS_DEPTHWISE,
     BATCHNORM_TO_MUL_ADD,
@@ -213,6 +213,12 @@ _DROPS_QDQ = SameScale(
     "here it computes it in float between a DequantizeLinear and a QuantizeLinear",
 )
 
+_CONCAT_FLOAT = Join(
+    RUNTIME_FLOAT,
+    "ONNX Runtime computes a Concat kept float between its inputs' DequantizeLinears: each input keeps its own "
+    "type (the ops before it stay int8), the output is float",
+)
+
 ONNXRUNTIME_CPU = SupportTable(
     "ONNXRUNTIME_CPU_SUPPORT",
     _patterns(),
@@ -223,4 +229,5 @@ ONNXRUNTIME_CPU = SupportTable(
     ),
     dict.fromkeys(("MaxPool", "Resize", "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split"), _DROPS_QDQ),
     lambda node: _check_float_output(node).accepted,
+    {"Concat": _CONCAT_FLOAT},
 )

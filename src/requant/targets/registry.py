@@ -48,6 +48,9 @@ class Target:
     # passes run after canonicalize for this target (by name): rewrites its backend needs, such as a
     # LayerNorm written out fused into the op tosa-int8 lowers (the model's opset raised where one needs it)
     passes: tuple[str, ...] = ()
+    # nothing computes in float on it: no op can be kept float (smoothing's Muls become rescales; the
+    # remedies that keep ops float for accuracy or speed do not apply, and the report says so)
+    integer_only: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -83,6 +86,7 @@ TARGETS: dict[str, Target] = {
             ("INT8_PER_CHANNEL_WEIGHTS", "INT8_PER_CHANNEL_WEIGHTS"),  # no float outputs: integer-only
             backend="tosa",
             passes=("fuse-layer-norm", "fuse-l2-normalize"),
+            integer_only=True,
         ),
     )
 }

@@ -19,7 +19,7 @@ from requant.types import FLOAT_FORMATS
 if TYPE_CHECKING:
     from requant.ir.requests import QuantizationSpec
     from requant.quantizers.config import QuantizationConfig
-    from requant.targets.constraints import SameScale
+    from requant.targets.constraints import Join, SameScale
     from requant.targets.decompose import Decomposition
 
 __all__ = [
@@ -115,6 +115,8 @@ class SupportTable:
     ``float_results``: the kernels the target computes in int8 with a float output (ONNX Runtime's QGemm
     and MatMulIntegerToFloat); one whose output only the model's caller reads (a classifier's logits)
     keeps it float: no reader needs it rounded to 8 bits. None: every output is quantized (TOSA).
+    ``joins``: the ops that join inputs into one type (a Concat), by op type, and what the target does
+    where an input would lose what it says there (:class:`~requant.targets.constraints.Join`).
     """
 
     name: str
@@ -123,6 +125,7 @@ class SupportTable:
     decompositions: tuple[Decomposition, ...] = ()
     same_scale: Mapping[str, SameScale] = field(default_factory=dict)
     float_results: Callable[[ir.Node], bool] | None = None
+    joins: Mapping[str, Join] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))

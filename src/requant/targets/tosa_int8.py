@@ -26,7 +26,7 @@ import onnx_ir as ir
 from requant.ir.queries import constant
 from requant.ir.requests import QuantizationSpec
 from requant.ir.traits import WEIGHTED
-from requant.targets.constraints import RESCALE, SameScale
+from requant.targets.constraints import RESCALE, Join, SameScale
 from requant.targets.decompose import BATCHNORM_TO_MUL_ADD, DIV_TO_MUL, SPATIAL_MEAN, SUB_TO_ADD
 from requant.targets.kernels import _CONV, _LINEAR, KernelModel, KernelRule
 from requant.targets.table import Accept, Match, Pattern, Reject, SupportTable, Verdict, non_float, sums_activations
@@ -148,8 +148,19 @@ SAME_SCALE = {
     "Resize": SameScale(RESCALE, _ONE_TYPE.why + " (a nearest one: a bilinear one rescales its sums)", _nearest),
 }
 
+_CONCAT_ONE_TYPE = Join(
+    RESCALE,
+    "integer-only: a Concat's inputs are rescaled to its one output type (no float op to keep it in); "
+    "keep the model's head float on another target, or export it without the join",
+)
+
 TOSA_INT8 = SupportTable(
-    "TOSA_INT8_SUPPORT", _patterns(), None, (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, SPATIAL_MEAN), SAME_SCALE
+    "TOSA_INT8_SUPPORT",
+    _patterns(),
+    None,
+    (DIV_TO_MUL, SUB_TO_ADD, BATCHNORM_TO_MUL_ADD, SPATIAL_MEAN),
+    SAME_SCALE,
+    joins={"Concat": _CONCAT_ONE_TYPE},
 )
 
 TOSA_INT32 = KernelModel(

@@ -1,0 +1,181 @@
+"""A detector's head, and outputs far from float never returned quietly (issue 38).
+
+A YOLOv8-style head concatenates box coordinates in pixels with class probabilities; one int8 type for
+both rounds every probability to 0 or 1. Measured on ``tests.models.detector`` (64 calibration and 32
+evaluation noise images): before, requant's default kept 10 of 819 float detections while the output's
+SQNR read 48.6 dB; the Concat kept float (each input its own type) keeps 818.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import requant
+import requant.targets.registry as registry
+from requant.cli.main import main
+from requant.report.outputs import compare_outputs, poor_parts
+from tests.models.detector import detections, make_detector, noise_images
+
+
+def _outputs(model: onnx.ModelProto | ir.Model, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    proto = ir.serde.serialize_model(model) if isinstance(model, ir.Model) else model
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, s)[0] for s in samples]
+
+
+@pytest.fixture(scope="module")
+def detector() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    images = noise_images(96)
+    return make_detector(), images[:64], images[64:]
+
+
+def test_a_head_joining_pixels_and_probabilities_keeps_its_detections(detector: tuple) -> None:
+    model, calib, evaluation = detector
+    result = requant.quantize(model, calib, measure=False)
+    (join,) = result.report["joins"]["found"]
+    steps = {i["value"]: i["steps"] for i in join["inputs"]}  # the boxes' value: its stride Mul folded before it
+    assert join["how"] == "float" and len(steps) == 2 and steps.pop("scores") < 1  # half a step of the pixels'
+    assert next(iter(steps.values())) > 200
+    kept, shift = detections(_outputs(model, evaluation), _outputs(result.model, evaluation))
+    assert kept >= 0.95 and shift < 1.0  # measured: 818 of 819, 0.41 px
+    assert "joins of ranges that cannot share one int8 type: 1" in result.report["summary"]
+    assert "QLinearConcat" not in result.report["lint"]["int8_kernels"]  # the ops before it stay int8
+    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 5
+    assert not result.report["outputs"]["poor"]
+
+
+def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
+    detector: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the joins' rule (a target whose table lacks it), the output check finds the scores:
+    their SQNR near 0 dB and nearly every decision changed (the whole output reads 48 dB); the ops
+    between the output and the kernels before it are kept float, and the detections come back."""
+    target = registry.TARGETS["onnxruntime-cpu"]
+    without = dataclasses.replace(target, table=dataclasses.replace(target.table, joins={}))
+    monkeypatch.setitem(registry.TARGETS, "onnxruntime-cpu", without)
+    model, calib, evaluation = detector
+    result = requant.quantize(model, calib, eval_data=evaluation, measure=False)
+    checked = result.report["outputs"]
+    first = {p["joins"]: p for p in checked["parts"]}
+    assert first["boxes"]["sqnr_db"] > 40 and first["scores"]["flipped"] > 0.9 and first["scores"]["sqnr_db"] < 5
+    assert checked["held_out"] and checked["samples"] == 32
+    remedy = checked["remedy"]
+    assert remedy["kept"] and "node_13" in remedy["kept_float"]  # the Concat, and the ops before it
+    assert not any(name.startswith("node_1") and name in ("node_10",) for name in remedy["kept_float"])  # no kernel
+    assert not checked["poor"]
+    kept, _ = detections(_outputs(model, evaluation), _outputs(result.model, evaluation))
+    assert kept >= 0.95
+    summary = result.report["summary"].splitlines()
+    assert summary[0].startswith("far from float at first: output 'y' ('scores', scores): ")
+    assert "ops feeding it kept float" in summary[0]
+
+
+def _drowned(tmp_path: Path) -> tuple[Path, Path]:
+    """y = Sigmoid(100 x W - 2): the input's informative channels (0.01) beside one of +-1000 that W does
+    not read; one int8 type for the input rounds them all to 0 (y = 0.12: every decision lost), and no
+    float op after the kernel brings them back (smoothing, which would, is off)."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(8, 16)).astype(np.float32)
+    w[0] = 0.0
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["d"]), helper.make_node("Mul", ["d", "k"], ["e"]),
+             helper.make_node("Add", ["e", "c"], ["f"]), helper.make_node("Sigmoid", ["f"], ["y"])]  # fmt: skip
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(100.0, np.float32), "k"),
+             numpy_helper.from_array(np.array(-2.0, np.float32), "c")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)  # fmt: skip
+    path = tmp_path / "drowned.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    x = rng.normal(size=(96, 8)) * 0.01
+    x[:, 0] = rng.uniform(-1000, 1000, size=96)
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=x.astype(np.float32))
+    return path, data
+
+
+def test_an_output_no_remedy_brings_back_is_said_first_and_strict_exits_3(tmp_path: Path) -> None:
+    path, data = _drowned(tmp_path)
+    out = tmp_path / "out.onnx"
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        code = main(["quantize", str(path), "-o", str(out), "--calib", str(data), "--no-measure", "--strict",
+                     "--smoothing", "0", "--preset", "INT8_PER_CHANNEL_WEIGHTS"])  # fmt: skip
+    assert code == 3 and out.exists()  # written, but no good as it is
+    first = printed.getvalue().splitlines()[0]
+    assert first.startswith("NOT USABLE AS IS: output 'y': ") and "decisions (scores >= 0.25) change" in first
+    with redirect_stdout(io.StringIO()):
+        assert (
+            main(["quantize", str(path), "-o", str(out), "--calib", str(data), "--no-measure", "--smoothing", "0"]) == 0
+        )
+    checked = requant.quantize(path, data, smoothing=0, measure=False).report["outputs"]
+    assert checked["poor"] and not checked["remedy"]["kept"]  # tried, no closer: left as it was
+    assert checked["remedy"]["kept_float"] and all(k != "node" for k in checked["remedy"]["kept_float"])
+
+
+def test_parts_and_what_is_poor() -> None:
+    """An output a Concat joins is split into its inputs; a part of scores counts its decisions."""
+    f = [np.array([[[10.0, 200.0], [0.9, 0.1]]]), np.array([[[30.0, 100.0], [0.3, 0.6]]])]  # [1, 2, 2] each
+    q = [np.array([[[10.0, 200.0], [1.0, 0.0]]]), np.array([[[30.0, 100.0], [0.0, 1.0]]])]
+    parts = compare_outputs(["y"], [[a] for a in f], [[a] for a in q], {"y": (1, [("boxes", 1), ("scores", 1)])})
+    boxes, scores = parts
+    assert boxes["part"] == "values" and boxes["sqnr_db"] == float("inf")
+    assert scores["part"] == "scores" and scores["decisions"] == 3  # 0.9, 0.3, 0.6
+    assert scores["kept"] == pytest.approx(2 / 3, abs=1e-4) and scores["flipped"] == pytest.approx(1 / 3, abs=1e-4)
+    expected = 10 * np.log10((0.81 + 0.01 + 0.09 + 0.36) / (0.01 + 0.01 + 0.09 + 0.16))
+    assert scores["sqnr_db"] == pytest.approx(expected, abs=0.01)  # 6.7 dB
+    assert poor_parts(parts) == [scores]  # below 10 dB; its 3 decisions alone are too few to say
+    scores["sqnr_db"] = 12.0
+    assert poor_parts(parts) == []
+
+
+def _timed(monkeypatch: pytest.MonkeyPatch, *rounds: list[float]) -> list[int]:
+    """``interleaved_latency_ms`` answering ``rounds`` in turn (milliseconds by model): which models are
+    faster is what this tests, not how fast they run (timings live in bench/)."""
+    import requant.stages.speed as speed
+
+    calls: list[int] = []
+
+    def measured(sessions: list[object], sample: object) -> list[float]:
+        calls.append(len(sessions))
+        return rounds[len(calls) - 1][: len(sessions)]
+
+    monkeypatch.setattr(speed, "interleaved_latency_ms", measured)
+    return calls
+
+
+def test_an_int8_model_slower_than_float_gets_its_worst_groups_float(
+    detector: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, calib, _ = detector
+    calls = _timed(monkeypatch, [1.0, 1.3], [1.0, 1.3, 0.8])
+    result = requant.quantize(model, calib)
+    assert calls == [2, 3]  # float and int8; then the two with the candidate, in the same rounds
+    tried = result.report["speed"]["tried"]
+    assert tried["kept"] and tried["kept_float"] and result.report["latency_ms_batch1"]["quantized"] == 0.8
+    assert all(ops for ops in tried["ops"])
+    summary = result.report["summary"]
+    assert "SLOWER THAN FLOAT" not in summary and "speed: the int8 model was no faster than float (1.30x)" in summary
+
+
+def test_an_int8_model_still_slower_than_float_says_so_first(detector: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, calib, _ = detector
+    _timed(monkeypatch, [1.0, 1.3], [1.0, 1.3, 1.28])
+    result = requant.quantize(model, calib)
+    assert not result.report["speed"]["tried"]["kept"]  # not faster by 5 %: the int8 model stays
+    first = result.report["summary"].splitlines()[0]
+    assert first.startswith("SLOWER THAN FLOAT: the int8 model takes 1.30x the float model's time")
+    assert first.endswith("(no faster: not kept)")
+    _timed(monkeypatch, [1.0, 1.2])
+    digits = requant.quantize(Path(__file__).parent.parent / "examples" / "digits" / "digits_cnn.onnx",
+                              Path(__file__).parent.parent / "examples" / "digits" / "calib.npz")  # fmt: skip
+    assert digits.report["summary"].splitlines()[0].endswith("no group of int8 ops between kernels was priced to "
+                                                             "keep float (the kernels themselves are int8)")  # fmt: skip
