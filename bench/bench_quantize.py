@@ -315,9 +315,10 @@ def detector_images(count: int, seed: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def detections(output: np.ndarray) -> np.ndarray:
+def detections(output: np.ndarray, threshold: float = 0.1) -> np.ndarray:
     """ddddocr's decoding of one ``[3549, 6]`` output of its detector: grid offsets and strides, class
-    scores above 0.1, class-agnostic NMS at IoU 0.45; boxes ``[n, 4]`` (x1, y1, x2, y2)."""
+    scores above ``threshold`` (ddddocr's 0.1), class-agnostic NMS at IoU 0.45; boxes ``[n, 4]`` (x1, y1,
+    x2, y2)."""
     rows = output.reshape(-1, 6).astype(np.float64)
     grids, strides = [], []
     for stride in (8, 16, 32):
@@ -328,7 +329,7 @@ def detections(output: np.ndarray) -> np.ndarray:
     grid, stride_ = np.concatenate(grids), np.concatenate(strides)
     centre, size = (rows[:, :2] + grid) * stride_, np.exp(rows[:, 2:4]) * stride_
     scores = (rows[:, 4:5] * rows[:, 5:]).max(1)
-    keep = scores > 0.1
+    keep = scores > threshold
     boxes = np.concatenate([centre - size / 2, centre + size / 2], 1)[keep]
     order, kept = scores[keep].argsort()[::-1], []
     while order.size:
@@ -343,20 +344,35 @@ def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return inter / (np.prod(box[2:] - box[:2]) + np.prod(boxes[:, 2:] - boxes[:, :2], axis=1) - inter + 1e-9)
 
 
-def detection_f1(reference: np.ndarray, got: np.ndarray) -> float:
-    """F1 of ``got``'s boxes against ``reference``'s, each matched at most once at IoU >= 0.5."""
-    if not len(reference) and not len(got):
-        return 1.0
-    free, matched = list(range(len(got))), 0
-    for box in reference:
+def _matched(reference: np.ndarray, got: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs (reference box, got box), each box matched at most once, at IoU >= 0.5 (greedy, in order)."""
+    free, pairs = list(range(len(got))), []
+    for i, box in enumerate(reference):
         if not free:
             break
         ious = _iou(box, got[free])
         best = int(np.argmax(ious))
         if ious[best] >= 0.5:
-            matched += 1
-            free.pop(best)
-    return 2 * matched / (len(reference) + len(got))
+            pairs.append((i, free.pop(best)))
+    return pairs
+
+
+def detections_kept(references: list[np.ndarray], gots: list[np.ndarray]) -> dict[str, float]:
+    """The int8 model's detections matched to float's (issue 38's measure): recall (float's detections
+    kept), precision, and the mean shift of matched boxes' corners in pixels."""
+    found = sum(len(r) for r in references)
+    made = sum(len(g) for g in gots)
+    shifts = [float(np.abs(g[j] - r[i]).mean()) for r, g in zip(references, gots, strict=True)
+              for i, j in _matched(r, g)]  # fmt: skip
+    return {"recall": len(shifts) / max(found, 1), "precision": len(shifts) / max(made, 1),
+            "box_shift_px": float(np.mean(shifts)) if shifts else 0.0}  # fmt: skip
+
+
+def detection_f1(reference: np.ndarray, got: np.ndarray) -> float:
+    """F1 of ``got``'s boxes against ``reference``'s, each matched at most once at IoU >= 0.5."""
+    if not len(reference) and not len(got):
+        return 1.0
+    return 2 * len(_matched(reference, got)) / (len(reference) + len(got))
 
 
 # ----------------------------------------------------------------------------- models
@@ -546,10 +562,13 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
     if name == "det":
         f1 = np.mean([detection_f1(detections(a), detections(b)) for a, b in zip(f, q, strict=True)])
         sqnr = 10 * np.log10(np.sum(f**2) / np.sum((f - q) ** 2))
+        # issue 38's measure: detections at a score of 0.25 (YOLO's default) kept, and their boxes' shift
+        kept = detections_kept([detections(a, 0.25) for a in f], [detections(b, 0.25) for b in q])
         return {
             "detection_f1": float(f1),
             "sqnr_db": float(sqnr),
             "boxes": float(np.mean([len(detections(a)) for a in f])),
+            **kept,
         }
     if name == "ocrdet":  # DB probability maps: text pixels at rapidocr's threshold
         text_f, text_q = f > 0.3, q > 0.3

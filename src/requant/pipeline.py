@@ -25,10 +25,10 @@ from requant.frontends import save_onnx, save_text
 from requant.options import OPTIONS, Options, preflight
 from requant.report.agreement import Reference
 from requant.runtime import one_blas_thread
+from requant.stages import joins
 from requant.stages.budget import keep_float_below, within_budget
 from requant.stages.check import check
 from requant.stages.choose import choose_method
-from requant.stages.joins import keep_joins_float
 from requant.stages.lower import lower
 from requant.stages.outputs import check_outputs
 from requant.stages.report import summary
@@ -77,7 +77,6 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
         run, report["method_choice"] = choose_method(flow)
     else:  # annotate -> calibrate -> convert
         run = flow.run(options.quantizer, options.method)
-    run, joined = keep_joins_float(flow, run)  # a detector's boxes and scores: each its own type
     run, kept = keep_float_below(flow, run)
     reference = Reference(run.float_proto)  # its outputs on the evaluation samples, computed once for all
     budget: dict[str, Any] | None = None
@@ -88,7 +87,7 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
     run, checked = check_outputs(flow, run, held_out)  # every output against float; a remedy where one is far
     seconds = time.perf_counter() - started
     run, timed = measure_speed(flow, run, reference, budget, tried)  # against float; a remedy where no faster
-    report.update(run.section(options), **joined, **kept, **checked, **timed, quantize_seconds=seconds)
+    report.update(run.section(options), **joins.section(run), **kept, **checked, **timed, quantize_seconds=seconds)
     if options.fixed_inputs:
         report["fixed_inputs"] = {name: np.asarray(v).tolist() for name, v in options.fixed_inputs.items()}
     report.update(check(flow, run, evaluation, reference))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -33,7 +34,8 @@ from requant.ir.provenance import RESCALE_KEY
 from requant.ir.queries import DEFAULT_DOMAINS, fresh_name, graph_values
 from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
 from requant.ir.traits import data_inputs
-from requant.targets.constraints import RUNTIME_FLOAT, SameScale
+from requant.quantizers.pattern_quantizer import KEPT_FLOAT_KEY
+from requant.targets.constraints import MIN_STEPS, RUNTIME_FLOAT, Join, SameScale
 from requant.targets.kernels import KernelModel, softmax_length
 from requant.types import (
     QuantizedType,
@@ -57,9 +59,13 @@ class Propagated:
     why: str
     meets: str = ""  # the node where two constraints met on this value, if any
     how: str = ""  # what the target does there: "rescale" (before the op) or "float" (the runtime's op)
+    # a join whose inputs cannot share its type: the join node, what the target does, each input's steps
+    join: tuple[str, str, dict[str, float]] | None = None
 
-    def as_dict(self) -> dict[str, str]:
-        found = {"value": self.value, "type": str(self.type), "why": self.why}
+    def as_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"value": self.value, "type": str(self.type), "why": self.why}
+        if self.join is not None:
+            found["join"] = {"node": self.join[0], "how": self.join[1], "steps": self.join[2]}
         return found | ({"node": self.meets, "how": self.how} if self.meets else {})
 
 
@@ -181,6 +187,7 @@ def propagate(
     kernels: KernelModel | None = None,
     memo: EncodingMemo | None = None,
     same_scale: Mapping[str, SameScale] | None = None,
+    joins: Mapping[str, Join] | None = None,
 ) -> Propagation:
     """Give every value with a fixed, shared or derived request its type; returns what was done.
 
@@ -197,6 +204,8 @@ def propagate(
     if kernels is not None and kernels.softmax_overflow is not None:
         notes += _softmax_within_float(graph, kernels.softmax_overflow)
     notes += _shared(values, by_name)
+    if joins:
+        notes += _joins(graph, values, by_name, joins)
     if same_scale:
         notes += _where_types_meet(graph, same_scale)
     encodings = encode_weights(model, kernels, memo) if kernels is not None else []
@@ -247,6 +256,46 @@ def _shared(values: list[ir.Value], by_name: Mapping[str, ir.Value]) -> list[Pro
                 raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), shared, f"shared with '{source.name}'"))
+    return notes
+
+
+def _steps(t: UniformQuantizedType, within: UniformQuantizedType) -> float:
+    """How many steps of ``within`` the whole range of ``t`` spans."""
+    return round((t.storage_max - t.storage_min) * t.scale / within.scale, 2)
+
+
+def _joins(
+    graph: ir.Graph, values: list[ir.Value], by_name: Mapping[str, ir.Value], joins: Mapping[str, Join]
+) -> list[Propagated]:
+    """Each join of the target's (a Concat) with an input spanning fewer than ``MIN_STEPS`` steps of its
+    output's type: what the input says would be lost there (a detector's probabilities beside pixel
+    coordinates: under one step). Where the target computes the join in float, its output and the
+    values sharing its type lose their types: the join runs in float between its inputs' conversions,
+    each input keeping its own type (the node is marked kept float, with why, for lint). Recorded
+    either way, with each input's steps."""
+    notes = []
+    for node in graph:
+        rule = joins.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
+        out = node.outputs[0] if rule is not None and node.outputs else None
+        t = quant_type(out) if out is not None else None
+        if rule is None or out is None or not isinstance(t, UniformQuantizedType):
+            continue
+        steps = {str(x.name): _steps(s, t) for x in node.inputs
+                 if x is not None and isinstance(s := quant_type(x), UniformQuantizedType)}  # fmt: skip
+        if not steps or min(steps.values()) >= MIN_STEPS:
+            continue
+        worst = min(steps, key=lambda name: steps[name])
+        name = str(node.name or node.op_type)
+        why = (f"{node.op_type} '{name}' joins inputs that cannot share one int8 type: '{worst}' spans "
+               f"{steps[worst]:g} steps of its output's type (fewer than {MIN_STEPS}); {rule.why}")  # fmt: skip
+        kept = rule.meet == RUNTIME_FLOAT
+        notes.append(Propagated(str(out.name), "float" if kept else t, why, join=(name, rule.meet, steps)))
+        if kept:
+            sharing = [v for v in values if isinstance(request(v), SharedSpec) and _root(v, by_name) is out]
+            for value in (out, *sharing):
+                set_quant_type(value, None)
+                set_request(value, NoQuant())
+            node.metadata_props[KEPT_FLOAT_KEY] = why
     return notes
 
 

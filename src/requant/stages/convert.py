@@ -79,7 +79,7 @@ def convert(
 
 def stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo | None = None) -> Staged:
     """Propagation (weights encoded), and the QDQ model written."""
-    propagation = propagate(model, target.kernels, memo, target.table.same_scale)
+    propagation = propagate(model, target.kernels, memo, target.table.same_scale, target.table.joins)
     floats = float_parameters(model) if keep_floats else {}
     return Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats)
 

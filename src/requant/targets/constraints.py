@@ -17,8 +17,8 @@ Seeds 000 and 002 name three kinds; requant keeps each where it is decided:
 - **joined ranges** (this module, per target, by op type: :class:`Join`): an op that joins tensors into
   one (a Concat) writes one type for inputs calibrated apart; an input whose range spans fewer than
   ``MIN_STEPS`` of the output's steps loses what it says (a detector's head concatenating box
-  coordinates in pixels with probabilities: its scores round to 0 or 1). Decided once the types are
-  known, by :mod:`requant.stages.joins`.
+  coordinates in pixels with probabilities: its scores round to 0 or 1). Propagation resolves it once
+  the types are known (the join kept float where the target can; reported by :mod:`requant.stages.joins`).
 """
 
 from __future__ import annotations
