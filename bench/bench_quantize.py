@@ -344,6 +344,21 @@ def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return inter / (np.prod(box[2:] - box[:2]) + np.prod(boxes[:, 2:] - boxes[:, :2], axis=1) - inter + 1e-9)
 
 
+def head_detections(output: np.ndarray, channels: int = 7, threshold: float = 0.25) -> np.ndarray:
+    """A YOLOv8-style ``[1, 4 + C, N]`` output's detections (given flat, ``channels`` = 4 + C): the
+    positions whose best class score is at least ``threshold``, as boxes ``[n, 4]`` (x1, y1, x2, y2)
+    from their (x, y, w, h)."""
+    rows = output.reshape(channels, -1).T.astype(np.float64)
+    keep = rows[:, 4:].max(1) >= threshold
+    centre, size = rows[keep, :2], np.abs(rows[keep, 2:4])
+    return np.concatenate([centre - size / 2, centre + size / 2], 1)
+
+
+def _sqnr(f: np.ndarray, q: np.ndarray) -> float:
+    f64 = f.astype(np.float64)
+    return float(10 * np.log10(np.sum(f64**2) / max(float(np.sum((f64 - q) ** 2)), 1e-30)))
+
+
 def _matched(reference: np.ndarray, got: np.ndarray) -> list[tuple[int, int]]:
     """Pairs (reference box, got box), each box matched at most once, at IoU >= 0.5 (greedy, in order)."""
     free, pairs = list(range(len(got))), []
@@ -406,6 +421,13 @@ def export(
         images = detector_images(calib + evaluation, seed=0)
         samples = [{"images": image} for image in images]
         return ddddocr_file("common_det.onnx"), samples[:calib], samples[calib:], None
+    if name == "yolohead":  # tests/models/detector.py: a YOLOv8-style head (boxes in pixels ++ probabilities)
+        import onnx
+        from tests.models.detector import make_detector, noise_images
+
+        onnx.save(make_detector(), path)
+        samples = noise_images(calib + evaluation)
+        return path, samples[:calib], samples[calib:], None
     if name == "ocrdet":
         samples = [{"x": image} for image in text_photos(calib + evaluation, seed=0)]
         return rapidocr_file("models/ch_PP-OCRv4_det_infer.onnx"), samples[:calib], samples[calib:], None
@@ -570,6 +592,11 @@ def quality(name: str, f: np.ndarray, q: np.ndarray, labels: np.ndarray | None) 
             "boxes": float(np.mean([len(detections(a)) for a in f])),
             **kept,
         }
+    if name == "yolohead":  # [1, 4 + C, N]: (x, y, w, h) in pixels, then class scores; no NMS (YOLOv8's raw output)
+        kept = detections_kept([head_detections(a) for a in f], [head_detections(b) for b in q])
+        f3, q3 = f.reshape(len(f), 7, -1), q.reshape(len(q), 7, -1)
+        return {**kept, "sqnr_db": _sqnr(f, q), "boxes_sqnr_db": _sqnr(f3[:, :4], q3[:, :4]),
+                "scores_sqnr_db": _sqnr(f3[:, 4:], q3[:, 4:])}  # fmt: skip
     if name == "ocrdet":  # DB probability maps: text pixels at rapidocr's threshold
         text_f, text_q = f > 0.3, q > 0.3
         sqnr = 10 * np.log10(np.sum(f.astype(np.float64) ** 2) / np.sum((f.astype(np.float64) - q) ** 2))
@@ -721,6 +748,7 @@ def report(name: str, result: dict[str, Any]) -> None:
         "crnn": "sequence_agreement",
         "ocrrec": "sequence_agreement",
         "det": "detection_f1",
+        "yolohead": "recall",
         "ocrdet": "text_iou",
     }.get(name, "top1_agreement")
     print(
@@ -749,6 +777,8 @@ def report(name: str, result: dict[str, Any]) -> None:
             extra = f"{r['accuracy']:.3f}/{r['cosine']:.4f}"
         if name in ("det", "ocrdet"):  # SQNR of the raw outputs
             extra = f"{r['sqnr_db']:.1f} dB"
+        if name == "yolohead":  # the scores' SQNR (the whole output's is the pixels')
+            extra = f"{r['scores_sqnr_db']:.1f} dB"
         ratios = " ".join(f"{r['latency_ms'] / v:>7.2f}" if v else f"{'':>7}" for v in peers.values())
         print(
             f"  {r['tool']:<12} {r['method']:<15} {r[metric]:>14.4f} {extra:>14} "
