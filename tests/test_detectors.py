@@ -54,6 +54,36 @@ def test_a_head_joining_pixels_and_probabilities_keeps_its_detections(detector: 
     assert not result.report["outputs"]["poor"]
 
 
+@pytest.mark.parametrize("variant", ["dfl", "split"])
+def test_a_dfl_head_and_a_head_sliced_into_two_outputs_keep_their_detections(variant: str) -> None:
+    """YOLOv8's own box decode (each side a Softmax over bins weighted by the bins' index, then
+    ``(cell -+ distance) * stride``) before the join; and the joined head sliced into a boxes output and
+    a scores output (the Slices share the join's type: float with it)."""
+    model = make_detector(**{variant: True})
+    images = noise_images(96)
+    calib, evaluation = images[:64], images[64:]
+    result = requant.quantize(model, calib, measure=False)
+    assert "QLinearConcat" not in result.report["lint"]["int8_kernels"]  # the join is float
+    if variant == "split":  # by the joins' rule, its Slices with it (they shared its type)
+        (join,) = result.report["joins"]["found"]
+        assert join["how"] == "float" and min(i["steps"] for i in join["inputs"]) < 1
+    else:  # placement priced the head's ops after the Softmax cheaper in float: the join went with them
+        groups = [p for p in result.report["quantizers"]["placements"] if p["placed"] == "float"]
+        assert any("Concat" in g["ops"] for g in groups)
+    joined = [np.concatenate(o, 1) for o in _all_outputs(model, evaluation)]
+    kept, shift = detections(joined, [np.concatenate(o, 1) for o in _all_outputs(result.model, evaluation)])
+    assert kept >= 0.95 and shift < 2.0  # measured: dfl 0.986 / 0.43 px, split 0.999 / 0.41 px
+    assert not result.report["outputs"]["poor"]
+    if variant == "dfl":  # the decode stays int8 up to the join: its Softmax and sums are int8 kernels
+        assert result.report["lint"]["int8_kernels"].get("QLinearSoftmax") == 1
+
+
+def _all_outputs(model: onnx.ModelProto | ir.Model, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    proto = ir.serde.serialize_model(model) if isinstance(model, ir.Model) else model
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, s) for s in samples]
+
+
 def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     detector: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:

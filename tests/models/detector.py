@@ -13,9 +13,13 @@ from onnx import TensorProto, helper, numpy_helper
 DECISION = 0.25  # a detection: a class score at or above this (YOLO's default confidence)
 
 
-def make_detector(classes: int = 3, size: int = 64, image: int = 320, seed: int = 0) -> onnx.ModelProto:
+def make_detector(
+    classes: int = 3, size: int = 64, image: int = 320, seed: int = 0, dfl: bool = False, split: bool = False
+) -> onnx.ModelProto:
     """Random weights (seeded): about a third of the positions hold a score above ``DECISION`` on
-    uniform noise images."""
+    uniform noise images. ``dfl``: the boxes as YOLOv8 decodes them (each side's distance a Softmax over
+    8 bins weighted by the bins' index, then ``(cell -+ distance) * stride``); ``split``: the joined head
+    sliced into two outputs, ``boxes`` and ``scores`` (as exporters that split a head write it)."""
     rng = np.random.default_rng(seed)
     cells = size // 8  # three stride-2 convs
     count = cells * cells
@@ -33,13 +37,30 @@ def make_detector(classes: int = 3, size: int = 64, image: int = 320, seed: int 
                                       strides=[2, 2], pads=[1, 1, 1, 1]))  # fmt: skip
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         x = f"r{i}"
-    # boxes: offsets in grid cells, decoded to pixels: (offset + cell) * stride
-    box_weight, box_bias = rng.normal(size=(4, 32, 1, 1)) * 0.2, [0.5, 0.5, 2.0, 2.0]
-    nodes.append(helper.make_node("Conv", [x, constant("wb", box_weight), constant("bb", box_bias)], ["offsets"]))
-    nodes.append(helper.make_node("Reshape", ["offsets", constant("box_shape", [1, 4, count], np.int64)], ["flat"]))
     gy, gx = np.meshgrid(np.arange(cells), np.arange(cells), indexing="ij")
-    grid = np.stack([gx.ravel(), gy.ravel(), np.zeros(count), np.zeros(count)])[None]
-    nodes.append(helper.make_node("Add", ["flat", constant("grid", grid)], ["in_cells"]))
+    if dfl:  # each side's distance in cells: the expectation of a Softmax over 8 bins
+        bins = 8
+        rng.normal(size=(4, 32, 1, 1))  # the plain head's draw: the class scores are the same in both
+        box_weight = np.random.default_rng(seed + 1).normal(size=(4 * bins, 32, 1, 1)) * 0.3
+        nodes.append(helper.make_node("Conv", [x, constant("wb", box_weight)], ["box_logits"]))
+        shape = constant("bin_shape", [1, 4, bins, count], np.int64)
+        nodes.append(helper.make_node("Reshape", ["box_logits", shape], ["bin_logits"]))
+        nodes.append(helper.make_node("Softmax", ["bin_logits"], ["bin_probabilities"], axis=2))
+        index = constant("bin_index", np.arange(bins).reshape(1, 1, bins, 1))
+        nodes.append(helper.make_node("Mul", ["bin_probabilities", index], ["weighted"]))
+        axes = constant("bin_axis", [2], np.int64)
+        nodes.append(helper.make_node("ReduceSum", ["weighted", axes], ["distances"], keepdims=0))
+        sign = constant("sides", np.array([-1, -1, 1, 1]).reshape(1, 4, 1))
+        nodes.append(helper.make_node("Mul", ["distances", sign], ["signed"]))
+        grid = np.stack([gx.ravel(), gy.ravel(), gx.ravel(), gy.ravel()])[None] + 0.5
+        nodes.append(helper.make_node("Add", ["signed", constant("grid", grid)], ["in_cells"]))
+    else:  # boxes: offsets in grid cells, decoded to pixels: (offset + cell) * stride
+        box_weight, box_bias = rng.normal(size=(4, 32, 1, 1)) * 0.2, [0.5, 0.5, 2.0, 2.0]
+        nodes.append(helper.make_node("Conv", [x, constant("wb", box_weight), constant("bb", box_bias)], ["offsets"]))
+        nodes.append(helper.make_node("Reshape", ["offsets", constant("box_shape", [1, 4, count], np.int64)],
+                                      ["flat"]))  # fmt: skip
+        grid = np.stack([gx.ravel(), gy.ravel(), np.zeros(count), np.zeros(count)])[None]
+        nodes.append(helper.make_node("Add", ["flat", constant("grid", grid)], ["in_cells"]))
     nodes.append(helper.make_node("Mul", ["in_cells", constant("stride", [image / cells])], ["boxes"]))
     # class probabilities
     class_weight, class_bias = rng.normal(size=(classes, 32, 1, 1)) * 0.5, [-3.0] * classes
@@ -48,9 +69,16 @@ def make_detector(classes: int = 3, size: int = 64, image: int = 320, seed: int 
     nodes.append(helper.make_node("Reshape", ["probabilities", constant("class_shape", [1, classes, count], np.int64)],
                                   ["scores"]))  # fmt: skip
     nodes.append(helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + classes, count])]
+    if split:
+        for name, start, end in (("box_out", 0, 4), ("score_out", 4, 4 + classes)):
+            ends = [constant(f"{name}_{k}", [v], np.int64) for k, v in (("start", start), ("end", end), ("axis", 1))]
+            nodes.append(helper.make_node("Slice", ["y", *ends], [name]))
+        outputs = [helper.make_tensor_value_info("box_out", TensorProto.FLOAT, [1, 4, count]),
+                   helper.make_tensor_value_info("score_out", TensorProto.FLOAT, [1, classes, count])]  # fmt: skip
     graph = helper.make_graph(
-        nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + classes, count])], initializers,
+        nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])], outputs,
+        initializers,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)

@@ -245,6 +245,19 @@ def _root(value: ir.Value, by_name: Mapping[str, ir.Value]) -> ir.Value:
         current = nxt
 
 
+def _shares(value: ir.Value, other: ir.Value, by_name: Mapping[str, ir.Value]) -> bool:
+    """Whether ``value``'s chain of shared requests passes through ``other`` (the Slices after a join
+    share the join's output, which may itself share its first input)."""
+    current: ir.Value | None = value
+    seen: set[str] = set()
+    while current is not None and isinstance(r := request(current), SharedSpec) and r.other not in seen:
+        seen.add(r.other)
+        current = by_name.get(r.other)
+        if current is other:
+            return True
+    return False
+
+
 def _shared(values: list[ir.Value], by_name: Mapping[str, ir.Value]) -> list[Propagated]:
     """Each value with a shared request typed as the value it shares (through chains of them)."""
     notes = []
@@ -291,7 +304,7 @@ def _joins(
         kept = rule.meet == RUNTIME_FLOAT
         notes.append(Propagated(str(out.name), "float" if kept else t, why, join=(name, rule.meet, steps)))
         if kept:
-            sharing = [v for v in values if isinstance(request(v), SharedSpec) and _root(v, by_name) is out]
+            sharing = [v for v in values if isinstance(request(v), SharedSpec) and _shares(v, out, by_name)]
             for value in (out, *sharing):
                 set_quant_type(value, None)
                 set_request(value, NoQuant())
