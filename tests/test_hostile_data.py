@@ -176,7 +176,7 @@ def test_old_and_ir3_style_models_quantize() -> None:
         ({"output": 7}, "output must be a path (str or os.PathLike), or None; got 7 (int)"),
         (
             {"target": 3},
-            "target must be a target name, one of onnxruntime-cpu, onnxruntime-cpu-vnni, tosa-int8; got 3 (int)",
+            "target must be a target name, one of executorch-xnnpack, onnxruntime-cpu, onnxruntime-cpu-vnni, tosa-int8; got 3 (int)",
         ),
         (
             {"method": "foo"},

@@ -126,7 +126,7 @@ def test_user_observers_can_be_registered() -> None:
 def test_presets() -> None:
     assert set(PRESETS) == {
         "INT8_PER_TENSOR", "INT8_PER_CHANNEL_WEIGHTS", "INT8_REDUCED_RANGE_WEIGHTS", "UINT8_PER_CHANNEL_WEIGHTS",
-        "UINT8_FLOAT_OUTPUTS", "INT8_FLOAT_OUTPUTS", "A16W8", "INT4_BLOCKWISE_WEIGHTS"
+        "UINT8_FLOAT_OUTPUTS", "INT8_FLOAT_OUTPUTS", "A16W8", "INT8_FLOAT_BIAS", "INT8_DYNAMIC_LINEAR", "INT4_BLOCKWISE_WEIGHTS"
     }  # fmt: skip
     reduced = PRESETS["INT8_REDUCED_RANGE_WEIGHTS"].weight
     assert str(reduced) == "#requant.spec<int8, symmetric, reduced, per_axis = 0, observer = minmax>"

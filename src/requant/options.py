@@ -184,6 +184,8 @@ OPTIONS: tuple[Option, ...] = (
            "a PyTorch module's dynamic shapes (requant.load)"),
 )  # fmt: skip
 BY_NAME = {o.name: o for o in OPTIONS}
+# options the executorch-xnnpack target's PT2E flow does not implement (yet): an error when given
+PT2E_UNSUPPORTED = ("keep_float_below", "max_drop", "metric", "rounding", "accumulator_bits", "fixed_inputs")
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,14 @@ class Options:
             if option.backend and getattr(self, option.name) is not None and option.backend != backend:
                 owners = " and ".join(t for t in _target_names() if _backend(t) == option.backend)
                 raise ArgumentError(f"{option.name} is an option of the {owners} target, not of {self.target}")
+        if backend == "executorch":
+            unsupported = [n for n in PT2E_UNSUPPORTED if getattr(self, n) is not None]
+            if unsupported:
+                raise ArgumentError(f"{', '.join(unsupported)}: not available on the {self.target} target yet "
+                                    "(docs/targets.md says which of requant's steps apply there)")  # fmt: skip
+        if self.output is not None and (backend == "executorch") != str(self.output).endswith(".pte"):
+            writes = "a .pte program (.pte)" if backend == "executorch" else "ONNX (.onnx)"
+            raise ArgumentError(f"'{self.output}': the {self.target} target writes {writes}")
         if self.output is not None and str(self.output).endswith(".mlir") and backend != "tosa":
             raise ArgumentError(f"'{self.output}': only the tosa-int8 target writes MLIR; {self.target} writes ONNX "
                                 "(.onnx)")  # fmt: skip
@@ -251,6 +261,11 @@ class Options:
         from requant.quantizers import Quantizer
 
         quantizer = (self.quantizer or Quantizer().set_global_by_model()).for_table(self.chosen_target.table)
+        if self.chosen_target.backend != "executorch":
+            for config in quantizer.configs():
+                if any(getattr(r, "dynamic", False) for r in (config.input_activation, config.output_activation)):
+                    raise ArgumentError(f"{config} quantizes activations at run time (dynamic): only the "
+                                        f"executorch-xnnpack target has such kernels, not {self.target}")  # fmt: skip
         method = DEFAULT_METHOD if self.method is None and not quantizer.names_observers() else self.method
         return _replace(self, quantizer=quantizer, method=method)
 

@@ -21,7 +21,7 @@ from requant.backends.tosa import TosaProgram
 from requant.backends.tosa.mlir import to_mlir
 from requant.calibration.samples import KEEP_SAMPLES, Samples
 from requant.errors import RequantError
-from requant.frontends import save_onnx, save_text
+from requant.frontends import save_bytes, save_onnx, save_text
 from requant.options import OPTIONS, Options, preflight
 from requant.report.agreement import Reference
 from requant.runtime import one_blas_thread
@@ -42,12 +42,14 @@ __all__ = ["QuantizedModel", "quantize"]
 @dataclass
 class QuantizedModel:
     """The quantized model (QDQ ONNX) and its report (a JSON-able dict); for the ``tosa-int8`` target,
-    also its integer TOSA program (``tosa``; ``mlir()`` its text). ``save(path)`` writes the model:
-    MLIR text for a path ending in ``.mlir``, the QDQ model otherwise."""
+    also its integer TOSA program (``tosa``; ``mlir()`` its text); for ``executorch-xnnpack``, the
+    ``.pte`` program's bytes (``pte``) and no ONNX model. ``save(path)`` writes the model: MLIR text for
+    a path ending in ``.mlir``, the ``.pte`` for that target, the QDQ model otherwise."""
 
-    model: ir.Model
+    model: ir.Model | None
     report: dict[str, Any] = field(default_factory=dict)
     tosa: TosaProgram | None = None
+    pte: bytes | None = None  # the executorch-xnnpack target's program (``model`` is None there)
 
     def mlir(self) -> str:
         if self.tosa is None:
@@ -57,7 +59,9 @@ class QuantizedModel:
     def save(self, path: str | os.PathLike[str]) -> None:
         if str(path).endswith(".mlir"):
             save_text(self.mlir(), path)
-        else:
+        elif self.pte is not None:
+            save_bytes(self.pte, path)
+        elif self.model is not None:
             save_onnx(self.model, path)
 
 
@@ -69,6 +73,8 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
     started = time.perf_counter()
     options = options or Options.create(**given)
     preflight(options, model, calibration_data)  # before any work: a refused run writes nothing
+    if options.chosen_target.backend == "executorch":
+        return quantize_pt2e(model, calibration_data, options, started)
     flow = Flow(model, options, Samples(calibration_data))
     keep = sys.maxsize if options.max_drop is not None else KEEP_SAMPLES  # every budget try reads it all again
     evaluation = Samples(options.eval_data, "evaluation", keep) if options.eval_data is not None else None
@@ -108,3 +114,33 @@ quantize.__doc__ = (
     + "\n\n"
     + "\n".join(f"    ``{o.name}`` (default {o.default!r}): {o.help}" for o in OPTIONS)
 )
+
+
+def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:
+    """The ``executorch-xnnpack`` target's stages: export -> annotate (requant's PT2E quantizer) ->
+    calibrate -> choose the method -> convert -> lower to a ``.pte`` -> check it against its program,
+    float and time (:mod:`requant.stages.pt2e`, :mod:`requant.stages.pte`)."""
+    from requant.pt2e import RequantQuantizer
+    from requant.stages import pt2e, pte
+
+    exported = pt2e.export_program(model, options)
+    methods = pt2e.AUTO_METHODS if options.method == "auto" else (str(options.method),)
+    quantizer = RequantQuantizer(options.quantizer, options.chosen_target.presets, methods)
+    samples = Samples(calibration_data)
+    converted, choice = pt2e.calibrate(exported, quantizer, samples, options)
+    seconds = time.perf_counter() - started
+    lowered = pte.lower_converted(exported, converted)
+    evaluation = Samples(options.eval_data, "evaluation") if options.eval_data is not None else None
+    report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
+    if choice:
+        report["method_choice"] = choice
+    if quantizer.quantizer.chooses_by_model:
+        report["quantizers"] = {"preset_choice": f"{quantizer.preset} ({quantizer.preset_why})"}
+    report["pt2e"] = {"quantizer": "requant.pt2e.RequantQuantizer", "nodes": quantizer.records}
+    report.update(pte.check_pte(exported, converted, lowered, samples, evaluation, options))
+    report["quantize_seconds"] = seconds
+    report["summary"] = summary(report)
+    result = QuantizedModel(None, report, pte=lowered.pte)
+    if options.output is not None:
+        result.save(options.output)
+    return result

@@ -24,7 +24,7 @@ def write_all(texts: dict[str, str], model: Any = None, output: str | None = Non
     """Write the text outputs (reports, pages) and the model, if any, whole or not at all: the texts
     go to temporary files in their folders first, then the model is saved (itself a temporary file
     and a rename), then the texts are renamed into place. A failure on the way leaves no output."""
-    from requant.frontends import save_onnx
+    from requant.frontends import save_bytes, save_onnx
 
     staged: list[tuple[Path, Path]] = []
     try:
@@ -34,7 +34,9 @@ def write_all(texts: dict[str, str], model: Any = None, output: str | None = Non
             with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
                 staged.append((partial, target))
                 f.write(text)
-        if model is not None and output is not None:
+        if isinstance(model, bytes) and output is not None:  # a .pte (executorch-xnnpack)
+            save_bytes(model, output)
+        elif model is not None and output is not None:
             save_onnx(model, output)
         for partial, target in staged:
             partial.replace(target)

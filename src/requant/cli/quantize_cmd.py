@@ -27,7 +27,8 @@ def register(commands: Any) -> None:
         description="Quantize IN with the calibration data, write OUT, print a summary. "
         "Flags override what the --config file says.",
     )
-    sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt)")
+    sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt); for --target "
+                     "executorch-xnnpack, a PyTorch program saved by torch.export.save (.pt2)")  # fmt: skip
     sub.add_argument(
         "--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder of images"
     )
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         texts[output] = result.mlir()
         write_all(texts)
     else:
-        write_all(texts, result.model, output)
+        write_all(texts, result.pte if result.pte is not None else result.model, output)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
     for path in dict.fromkeys((output, *texts)):

@@ -29,6 +29,7 @@ __all__ = [
     "SaveError",
     "load_onnx",
     "load_onnx_text",
+    "save_bytes",
     "save_onnx",
     "serialized_size",
 ]
@@ -215,12 +216,17 @@ def _initializers_are_not_inputs(graph: ir.Graph, what: str) -> None:
 
 def save_text(text: str, path: str | os.PathLike[str]) -> None:
     """Write ``text`` to ``path`` whole or not at all (a temporary file in its folder, then a rename)."""
+    save_bytes(text.encode("utf-8"), path)
+
+
+def save_bytes(data: bytes, path: str | os.PathLike[str]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file in its folder, then a rename)."""
     target = Path(path)
     if not target.parent.is_dir():
         raise SaveError(f"cannot save to '{target}': the folder '{target.parent}' does not exist")
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        partial.write_text(text, encoding="utf-8")
+        partial.write_bytes(data)
         os.replace(partial, target)
     except OSError as exc:
         raise SaveError(f"could not save to '{target}': {exc.strerror or exc}") from None

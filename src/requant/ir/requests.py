@@ -118,7 +118,9 @@ class QuantizationSpec:
 
     ``granularity``: ``"per_tensor"``; ``"per_axis"`` with ``axis``; ``"blockwise"`` with
     ``axis`` (the blocked axis) and ``block_size``. ``observer`` names a calibration method,
-    ``observer_options`` its options (e.g. ``{"percentile": 99.99}``).
+    ``observer_options`` its options (e.g. ``{"percentile": 99.99}``). ``dynamic``: the parameters are
+    computed at run time from each input, not calibrated (an activation of a kernel, on targets that
+    have such kernels: ``executorch-xnnpack``'s linear layers).
     """
 
     dtype: str = "int8"
@@ -130,12 +132,13 @@ class QuantizationSpec:
     block_size: int | None = None
     observer: str = "minmax"
     observer_options: Mapping[str, OptionValue] = field(default_factory=dict)
+    dynamic: bool = False
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("observer", self.observer, KNOWN_OBSERVERS)
-        for flag in ("symmetric", "narrow_range", "reduce_range"):
+        for flag in ("symmetric", "narrow_range", "reduce_range", "dynamic"):
             if not isinstance(getattr(self, flag), bool):
                 raise RequestError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         needs_axis = self.granularity != "per_tensor"
@@ -173,6 +176,8 @@ class QuantizationSpec:
             parts.append("narrow")
         if self.reduce_range:
             parts.append("reduced")
+        if self.dynamic:
+            parts.append("dynamic")
         if self.granularity == "per_axis":
             parts.append(f"per_axis = {self.axis}")
         elif self.granularity == "blockwise":
@@ -317,6 +322,8 @@ def _parse_spec(body: str) -> QuantizationSpec:
             kwargs["narrow_range"] = True
         elif word == "reduced":
             kwargs["reduce_range"] = True
+        elif word == "dynamic":
+            kwargs["dynamic"] = True
         elif word.startswith("per_axis = "):
             kwargs.update(granularity="per_axis", axis=int(word.split("= ")[1]))
         elif word.startswith("blockwise = "):

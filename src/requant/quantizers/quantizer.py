@@ -224,6 +224,31 @@ class Quantizer:
                     return True
         return False
 
+    def selections(self, preset: str) -> list[tuple[NodeFinder, QuantizationConfig]]:
+        """The selections in precedence order (the first whose finder finds a node gives its config), the
+        global one last (``preset``'s config when it is chosen by model): what requant's PT2E quantizer
+        reads (:mod:`requant.pt2e`). A quantizer of the user's own is not a selection: an error there."""
+        found = []
+        for q in [*reversed(self._added), self._global]:
+            if q is None:
+                continue
+            if not isinstance(q, PatternQuantizer):
+                raise RequantError(f"{q.describe()} annotates ONNX graphs; the PT2E path takes selections (set_global, "
+                                   "set_op_type, set_node_name, set_module_name, set_module_type)")  # fmt: skip
+            found.append((q.node_finder, q.config))
+        if self._global is None:
+            found.append((Global(), PRESETS[preset]))
+        return found
+
+    @property
+    def chooses_by_model(self) -> bool:
+        """Whether its global config is the preset chosen for each model (no ``set_global``)."""
+        return self._global is None
+
+    def configs(self) -> list[QuantizationConfig]:
+        """The configs its selections give (not the one chosen by model, nor a custom quantizer's)."""
+        return [q.config for q in [*self._added, self._global] if isinstance(q, PatternQuantizer)]
+
     def add_quantizer(self, quantizer: AnnotatingQuantizer) -> Quantizer:
         self._added.append(quantizer)
         return self

@@ -102,18 +102,18 @@ def annotate(
 
 
 def preset_lines(report: Mapping[str, Any]) -> list[str]:
-    choice = report["quantizers"].get("preset_choice")
+    choice = report.get("quantizers", {}).get("preset_choice")
     return [f"preset: {choice}"] if choice else []
 
 
 def compute_lines(report: Mapping[str, Any]) -> list[str]:
-    compute = report["quantizers"].get("compute")
+    compute = report.get("quantizers", {}).get("compute")
     return [f"compute: {compute}"] if compute else []
 
 
 def placement_lines(report: Mapping[str, Any]) -> list[str]:
     """The summary's line on placement: groups kept float by cost, ops kept float by the table."""
-    placed = report["quantizers"].get("placements", [])
+    placed = report.get("quantizers", {}).get("placements", [])
     if not placed:
         return []
     groups = [p for p in placed if p.get("by", "cost") == "cost"]
@@ -131,4 +131,4 @@ def placement_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def warning_lines(report: Mapping[str, Any]) -> list[str]:
-    return [f"warning: {w}" for w in report["quantizers"].get("warnings", [])]
+    return [f"warning: {w}" for w in report.get("quantizers", {}).get("warnings", [])]

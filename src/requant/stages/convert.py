@@ -160,18 +160,23 @@ def encoding_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def lint_lines(report: Mapping[str, Any]) -> list[str]:
-    """What lint found, then the size."""
+    """What lint found (the QDQ targets'), then the size."""
+    if "lint" not in report:
+        return _size_lines(report)
     checked = LintResult.from_json(report["lint"]).text()
     if report.get("tosa"):  # lint reads the QDQ twin, not the TOSA program (int32 accumulators: nothing saturates)
         checked = "the QDQ twin (-o model.onnx), as ONNX Runtime would run it:\n" + "\n".join(
             f"  {line}" for line in checked.splitlines()
         )
-    size = report["size_bytes"]
-    return [
-        checked,
-        f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
-        f"({size['quantized'] / size['float']:.2f}x)",
-    ]
+    return [checked, *_size_lines(report)]
+
+
+def _size_lines(report: Mapping[str, Any]) -> list[str]:
+    size = report.get("size_bytes")
+    if not size:
+        return []
+    return [f"size: {size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
+            f"({size['quantized'] / size['float']:.2f}x)"]  # fmt: skip
 
 
 def bias_lines(report: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from requant.stages import annotate, budget, check, choose, convert, joins, lower, outputs, speed, transform
+from requant.stages import annotate, budget, check, choose, convert, joins, lower, outputs, pte, speed, transform
 
 __all__ = ["SUMMARY", "summary"]
 
@@ -48,6 +48,7 @@ SUMMARY: tuple[Lines, ...] = (
     joins.join_lines,
     convert.rescale_lines,
     lower.lines,
+    pte.lines,
     convert.encoding_lines,
     convert.lint_lines,  # and the size
     speed.latency_lines,

@@ -5,9 +5,10 @@ kernel model (how those kernels add their products, :mod:`requant.targets.kernel
 model (what its ops cost in float and int8, :mod:`requant.targets.costs`: where int8 ends), the
 presets used when none is given (one for conv nets, one for models with more linear layers than
 convolutions), and its backend: ``qdq`` (a QDQ ONNX model, which ONNX Runtime fuses into int8
-kernels) or ``tosa`` (integer-only TOSA MLIR, :mod:`requant.backends.tosa`, lowered from the QDQ
-model). The API, the CLI and the quantizers look targets up here by name; adding a target is
-adding an entry (and, for a new kind of output, a backend).
+kernels), ``tosa`` (integer-only TOSA MLIR, :mod:`requant.backends.tosa`, lowered from the QDQ
+model) or ``executorch`` (a PyTorch program quantized through PT2E, lowered to a ``.pte``:
+:mod:`requant.pt2e`, :mod:`requant.backends.executorch`). The API, the CLI and the quantizers look
+targets up here by name; adding a target is adding an entry (and, for a new kind of output, a backend).
 
 Quantizing never looks at the CPU it runs on: the same model, data and options give the same
 bytes on every machine. The target says which CPUs the output is exact on.
@@ -23,6 +24,7 @@ from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, Kerne
 from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
 from requant.targets.tosa_int8 import TOSA_INT8, TOSA_INT32
+from requant.targets.xnnpack import XNNPACK_INT32, XNNPACK_TABLE
 
 __all__ = ["DEFAULT_TARGET", "TARGETS", "Target", "UnknownTargetError", "get_target"]
 
@@ -41,7 +43,9 @@ class Target:
     table: SupportTable
     kernels: KernelModel
     presets: tuple[str, str]  # (conv nets, models with more linear layers than convolutions)
-    backend: str = "qdq"  # "qdq": the QDQ ONNX model; "tosa": integer-only TOSA MLIR lowered from it
+    # "qdq": the QDQ ONNX model; "tosa": integer-only TOSA MLIR lowered from it; "executorch": a PyTorch
+    # program quantized through PT2E and lowered to a .pte (requant.pipeline.quantize_pt2e)
+    backend: str = "qdq"
     # what its ops and kernels cost, for placement and the accuracy budget's choice (None: every int8 op
     # the table allows is placed int8, and the budget keeps the fewest kernels float)
     costs: CostModel | None = None
@@ -87,6 +91,16 @@ TARGETS: dict[str, Target] = {
             backend="tosa",
             passes=("fuse-layer-norm", "fuse-l2-normalize"),
             integer_only=True,
+        ),
+        Target(
+            "executorch-xnnpack",
+            "ExecuTorch with its XNNPACK delegate (phones, edge boards, x86 servers): a PyTorch program "
+            "quantized through PT2E (requant's annotations) and lowered to a .pte; int8 activations, "
+            "symmetric int8 weights per channel, float biases (XNNPACK quantizes them)",
+            XNNPACK_TABLE,
+            XNNPACK_INT32,
+            ("INT8_FLOAT_BIAS", "INT8_DYNAMIC_LINEAR"),
+            backend="executorch",
         ),
     )
 }
