@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_casts.py
 	$(VENV)/bin/python bench/bench_load.py
 	$(VENV)/bin/python bench/bench_quantize.py --json build/bench_quantize.json
+	$(VENV)/bin/python bench/bench_executorch.py --json build/bench_executorch.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

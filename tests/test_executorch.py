@@ -59,6 +59,9 @@ def test_digits_cnn_to_pte_keeps_its_accuracy(digits: Any, tmp_path: Path) -> No
         and report["size_bytes"]["quantized"] < report["size_bytes"]["float"]
     )
     assert "executorch: " in report["summary"] and "NOT USABLE" not in report["summary"]
+    from requant.report.html import to_html
+
+    assert "<h2>ExecuTorch program</h2>" in to_html(report)
     kernels = [r for r in report["pt2e"]["nodes"] if r["role"] == "kernel"]
     assert len(kernels) == 3 and all(r["decision"] == "int8" for r in kernels)
 
@@ -149,9 +152,13 @@ def test_cli_quantizes_a_saved_program(digits: Any, tmp_path: Path) -> None:
     np.savez(tmp_path / "calib.npz", x=calib[:32])
     cli = [sys.executable, "-m", "requant", "quantize", str(tmp_path / "digits.pt2"), "--target", TARGET,
            "--calib", str(tmp_path / "calib.npz"), "--no-measure"]  # fmt: skip
-    done = subprocess.run([*cli, "-o", str(tmp_path / "digits.pte")], capture_output=True, text=True)
+    page = tmp_path / "report.md"
+    done = subprocess.run([*cli, "-o", str(tmp_path / "digits.pte"), "--report-md", str(page)],
+                          capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "executorch: " in done.stdout and (tmp_path / "digits.pte").stat().st_size > 10_000
+    text = page.read_text()
+    assert "## Ops inside XNNPACK delegates" in text and "| conv2d | aten.conv2d.default | kernel |" in text
     refused = subprocess.run([*cli, "-o", str(tmp_path / "digits.onnx")], capture_output=True, text=True)
     assert refused.returncode != 0 and "writes a .pte program" in refused.stderr
     assert not (tmp_path / "digits.onnx").exists()

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from requant.errors import RequantError
+from requant.report.executorch import executorch_tables
 
 __all__ = ["HtmlReportError", "compare_to_html", "to_html"]
 
@@ -307,6 +308,13 @@ def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
     return parts if len(parts) > 1 else []
 
 
+def _executorch(report: Mapping[str, Any]) -> list[str]:
+    parts = []
+    for title, header, rows in executorch_tables(report):
+        parts += [f"<h2>{html.escape(title)}</h2>", _table(list(header), [list(r) for r in rows])]
+    return parts
+
+
 def _lint(report: Mapping[str, Any]) -> list[str]:
     lint = report.get("lint")
     if not lint:
@@ -407,6 +415,7 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
         _equalization,
         _budget,
         _speed_and_size,
+        _executorch,
         _lint,
         _decisions,
     ):

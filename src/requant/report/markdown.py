@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from requant.report.executorch import executorch_tables
 from requant.report.saturation import SaturationFinding
 
 __all__ = ["encoding_summary", "method_summary", "to_markdown"]
@@ -36,14 +37,10 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
         rows.append(("calibration method", method_summary(report["method_choice"])))
     if report.get("weight_encoding", {}).get("kernels"):
         rows.append(("int8 weights", encoding_summary(report["weight_encoding"])))
-    size = report["size_bytes"]
-    rows.append(
-        (
-            "size",
-            f"{size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB "
-            f"({size['quantized'] / size['float']:.2f}x)",
-        )
-    )
+    size = report.get("size_bytes")
+    if size:
+        ratio = size["quantized"] / size["float"]
+        rows.append(("size", f"{size['float'] / 1024:.1f} KiB -> {size['quantized'] / 1024:.1f} KiB ({ratio:.2f}x)"))
     latency = report.get("latency_ms_batch1")
     if latency:
         ratio = latency["quantized"] / latency["float"]
@@ -337,11 +334,14 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
     lines = [f"# {title}", ""]
     lines += _summary(report)
-    lines += _lint(report["lint"])
-    lines += _quantizers(report["quantizers"])
-    lines += _smoothing(report)
-    lines += _equalization(report)
-    lines += _ports(report)
-    lines += _weight_encoding(report)
-    lines += _bias_correction(report)
+    for heading, header, rows in executorch_tables(report):  # the executorch-xnnpack target's
+        lines += [f"## {heading}", "", *_table(header, rows)]
+    if "lint" in report:  # the ONNX targets': their QDQ model, its ports and weights
+        lines += _lint(report["lint"])
+        lines += _quantizers(report["quantizers"])
+        lines += _smoothing(report)
+        lines += _equalization(report)
+        lines += _ports(report)
+        lines += _weight_encoding(report)
+        lines += _bias_correction(report)
     return "\n".join(lines).rstrip("\n") + "\n"

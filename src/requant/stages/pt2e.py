@@ -199,7 +199,7 @@ def _choose(prepared: Any, exported: Exported, compare: list[Any], held: int) ->
         raise RequantError("no calibration method to choose from")
     which = f"{len(compare)} held-out calibration samples" if held else f"{len(compare)} calibration samples"
     named = "KL divergence of the softmax from float's (least)" if metric == "kl" else "output's SQNR (highest)"
-    listed = ", ".join(f"{m} {v:.4f}" if metric == "kl" else f"{m} {v:.1f} dB" for m, v in scores.items())
+    listed = ", ".join(f"{m} {v:.3g}" if metric == "kl" else f"{m} {v:.1f} dB" for m, v in scores.items())
     choice = {"chosen": best[1], "held_out": held, "samples": len(compare), "metric": metric, "scores": scores,
               "why": f"the {named} on {which}: {listed}"}  # fmt: skip
     return best[2], choice
