@@ -62,6 +62,8 @@ def test_digits_cnn_to_pte_keeps_its_accuracy(digits: Any, tmp_path: Path) -> No
     from requant.report.html import to_html
 
     assert "<h2>ExecuTorch program</h2>" in to_html(report)
+    corrected = report["bias_correction"]  # three kernels' biases, kept only where closer on held-out samples
+    assert len(corrected["kernels"]) == 3 and (corrected["after"] <= corrected["before"]) == corrected["kept"]
     kernels = [r for r in report["pt2e"]["nodes"] if r["role"] == "kernel"]
     assert len(kernels) == 3 and all(r["decision"] == "int8" for r in kernels)
 

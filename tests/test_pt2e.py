@@ -90,3 +90,17 @@ def test_converted_program_is_close_to_float_and_keeps_floats_asked_for() -> Non
     weight_source = linears[0].args[1]
     assert "dequantize" not in str(weight_source.target)  # Gemm asked float: its weight is not quantized
     assert np.isfinite(q.numpy()).all()
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_bias_shift_is_the_weight_error_applied_to_the_input_means(groups: int) -> None:
+    """(W_q - W) . E[x] per output channel equals the conv of the weight error over an input holding each
+    channel's mean everywhere (no padding): grouped and depthwise convs read their own channels."""
+    from requant.pt2e.bias import _shift
+
+    rng = torch.Generator().manual_seed(groups)
+    error = torch.randn(8, 8 // groups, 3, 3, generator=rng, dtype=torch.float64)
+    mean = torch.randn(8, generator=rng, dtype=torch.float64)
+    image = mean.reshape(1, 8, 1, 1).expand(1, 8, 5, 5)
+    expected = torch.nn.functional.conv2d(image, error, groups=groups)[0, :, 0, 0]
+    torch.testing.assert_close(_shift(error, mean, groups), expected)

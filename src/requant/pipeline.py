@@ -127,7 +127,7 @@ def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: 
     methods = pt2e.AUTO_METHODS if options.method == "auto" else (str(options.method),)
     quantizer = RequantQuantizer(options.quantizer, options.chosen_target.presets, methods)
     samples = Samples(calibration_data)
-    converted, choice = pt2e.calibrate(exported, quantizer, samples, options)
+    converted, choice, corrected = pt2e.calibrate(exported, quantizer, samples, options)
     seconds = time.perf_counter() - started
     lowered = pte.lower_converted(exported, converted)
     evaluation = Samples(options.eval_data, "evaluation") if options.eval_data is not None else None
@@ -137,6 +137,8 @@ def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: 
     if quantizer.quantizer.chooses_by_model:
         report["quantizers"] = {"preset_choice": f"{quantizer.preset} ({quantizer.preset_why})"}
     report["pt2e"] = {"quantizer": "requant.pt2e.RequantQuantizer", "nodes": quantizer.records}
+    if corrected:
+        report["bias_correction"] = corrected
     report.update(pte.check_pte(exported, converted, lowered, samples, evaluation, options))
     report["quantize_seconds"] = seconds
     report["summary"] = summary(report)

@@ -187,7 +187,10 @@ def bias_lines(report: Mapping[str, Any]) -> list[str]:
         out.append(
             f"bias correction: {len(kernels)} kernels, largest shift {largest['max_shift']:.3g} ({largest['node']})"
         )
-    if kernels:
+    if kernels and report["bias_correction"].get("kept") is False:
+        why = report["bias_correction"]["why"]
+        out.append(f"bias correction not kept: it moved the output further from float ({why})")
+    if kernels and all("sqnr_db" in k for k in kernels):
         worst = min(kernels, key=lambda k: k["sqnr_db"])
         out.append(f"kernel SQNR against float: lowest {worst['sqnr_db']:.1f} dB ({worst['node']})")
     return out

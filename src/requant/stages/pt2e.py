@@ -17,9 +17,13 @@ SQNR. Measured on MobileNetV2 (128 crops calibrating, 64 others): ``mean_minmax`
 SQNR (17.4 dB against minmax's 13.7) and the worst KL (0.227 against 0.124) and top-1 agreement
 (0.73 against 0.80): the logits' SQNR chose the wrong one.
 
-Reads: the model, the options (quantizer, method, example inputs), the samples. Adds: the exported
-float program and the converted PT2E module. Records: ``pt2e`` (what the quantizer decided per node)
-and ``method_choice``.
+The converted program's biases are then corrected (:mod:`requant.pt2e.bias`: each kernel's weight
+rounding error applied to its float input's channel means), and kept so only where the output gets closer
+to float on the compared samples.
+
+Reads: the model, the options (quantizer, method, example inputs, bias correction), the samples. Adds:
+the exported float program and the converted PT2E module. Records: ``pt2e`` (what the quantizer decided
+per node), ``method_choice`` and ``bias_correction``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from requant.calibration.samples import Samples
 from requant.errors import RequantError
 from requant.frontends import LoadError
 from requant.options import Options
+from requant.pt2e.bias import correct_biases, static_kernels
 from requant.pt2e.quantizer import probe_ranges
 
 __all__ = ["AUTO_METHODS", "Exported", "calibrate", "export_program", "signature"]
@@ -48,6 +53,7 @@ __all__ = ["AUTO_METHODS", "Exported", "calibrate", "export_program", "signature
 # EfficientNet-Lite0 (0.227 and 0.151, against 0.098-0.124 and 0.027-0.067 for these)
 AUTO_METHODS = ("minmax", "percentile", "mse", "entropy")
 CHOICE_SAMPLES = 32  # held out for the choice when there are at least 4 times as many
+BIAS_SAMPLES = 16  # calibration samples whose float input means bias correction reads
 PROBE_SAMPLES = 8  # the float model's ranges the quantizer's join rule reads (requant.pt2e.quantizer)
 
 
@@ -117,10 +123,12 @@ def _feed(module: Any, names: list[str], sample: dict[str, Any]) -> None:
     module(*[contiguous(sample[n]) for n in names])
 
 
-def calibrate(exported: Exported, quantizer: Any, samples: Samples, options: Options) -> tuple[Any, dict[str, Any]]:
+def calibrate(
+    exported: Exported, quantizer: Any, samples: Samples, options: Options
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """``prepare_pt2e`` with ``quantizer``, one calibration pass (the first samples held out when there
-    are enough), the method chosen (or the one asked for), ``convert_pt2e``. Returns the converted module
-    and the ``method_choice`` record."""
+    are enough), the method chosen (or the one asked for), ``convert_pt2e``, the biases corrected. Returns
+    the converted module, the ``method_choice`` record and the ``bias_correction`` one."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     module = exported.module
@@ -139,7 +147,9 @@ def calibrate(exported: Exported, quantizer: Any, samples: Samples, options: Opt
                 progress(seen, 0.0)
     if options.method != "auto":
         _use(prepared, str(options.method))
-        return convert_pt2e(prepared), {}
+        reference = copy.deepcopy(prepared) if options.bias_correction else None  # convert consumes it
+        converted = convert_pt2e(prepared)
+        return converted, {}, _corrected(reference, converted, exported, first[held:], first[:CHOICE_SAMPLES])
     calibrated = [m for m in prepared.modules() if len(getattr(m, "statistics", {})) > 1]
     if not calibrated or any(getattr(m, "is_dynamic", False) for m in prepared.modules()):
         # nothing to choose between, or inputs quantized per call beside calibrated ones: a copy of a
@@ -149,9 +159,38 @@ def calibrate(exported: Exported, quantizer: Any, samples: Samples, options: Opt
             if not calibrated
             else "the model has inputs quantized per call (dynamic): its copies cannot be converted to compare"
         )
-        return convert_pt2e(prepared), {"chosen": "minmax", "why": f"not chosen: {why}"}
+        return convert_pt2e(prepared), {"chosen": "minmax", "why": f"not chosen: {why}"}, {}
     compare = first[:held] if held else first[:CHOICE_SAMPLES]
-    return _choose(prepared, exported, compare, held)
+    converted, choice, f = _choose(prepared, exported, compare, held)
+    reference = prepared if options.bias_correction else None  # the candidates converted copies of it
+    chosen = (choice["metric"], choice["scores"][choice["chosen"]])  # its score before correction: known
+    return converted, choice, _corrected(reference, converted, exported, first[held:], compare, (f, chosen))
+
+
+def _corrected(
+    reference: Any, converted: Any, exported: Exported, fit: list[Any], compare: list[Any],
+    known: tuple[np.ndarray, tuple[str, float]] | None = None,
+) -> dict[str, Any]:
+    """Bias correction (:mod:`requant.pt2e.bias`) from ``BIAS_SAMPLES`` of ``fit``, kept where the output
+    gets closer to float on ``compare``; its report section (empty when there is nothing to correct)."""
+    if reference is None or not static_kernels(converted) or not fit:
+        return {}
+    args = [tuple(contiguous(s[n]) for n in exported.names) for s in fit[:BIAS_SAMPLES]]
+    session = ModuleSession(converted, exported.names)
+    if known is None:  # float's outputs on the compared samples, and the converted program's score there
+        float_session = ModuleSession(exported.module, exported.names)
+        f = np.concatenate([float_session.run(None, s)[0] for s in compare])
+        metric, before = _score(f, session, compare)
+    else:
+        f, (metric, before) = known
+    moved = correct_biases(reference, converted, args)
+    _, after = _score(f, session, compare)
+    kept = after < before if metric == "kl" else after > before
+    if not kept:
+        correct_biases(reference, converted, args, sign=-1.0)
+    return {"enabled": True, "kept": kept, "kernels": moved, "samples": len(args), "metric": metric,
+            "before": before, "after": after,
+            "why": f"{metric} {before:.3g} -> {after:.3g} on {len(compare)} samples"}  # fmt: skip
 
 
 def _use(prepared: Any, method: str) -> None:
@@ -179,7 +218,10 @@ def _score(f: np.ndarray, session: ModuleSession, compare: list[Any]) -> tuple[s
     return "sqnr_db", float(10 * np.log10(float((f**2).sum()) / noise)) if noise > 0 else float("inf")
 
 
-def _choose(prepared: Any, exported: Exported, compare: list[Any], held: int) -> tuple[Any, dict[str, Any]]:
+def _choose(
+    prepared: Any, exported: Exported, compare: list[Any], held: int
+) -> tuple[Any, dict[str, Any], np.ndarray]:
+    """The candidate closest to float on ``compare``, the choice's record, and float's outputs there."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     float_session = ModuleSession(exported.module, exported.names)
@@ -202,4 +244,4 @@ def _choose(prepared: Any, exported: Exported, compare: list[Any], held: int) ->
     listed = ", ".join(f"{m} {v:.3g}" if metric == "kl" else f"{m} {v:.1f} dB" for m, v in scores.items())
     choice = {"chosen": best[1], "held_out": held, "samples": len(compare), "metric": metric, "scores": scores,
               "why": f"the {named} on {which}: {listed}"}  # fmt: skip
-    return best[2], choice
+    return best[2], choice, f

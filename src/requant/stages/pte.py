@@ -93,7 +93,7 @@ def check_pte(exported: Exported, converted: Any, lowered: Lowered, samples: Sam
             f"{against['program_sqnr_db']:.1f} dB (top-1 agreement {against['pte_top1']:.2f} against "
             f"{against['program_top1']:.2f}); not written. Delegated: {lowered.section()['delegated']}"
         )
-    not_applied = [n for n in ("equalization", "bias_correction") if getattr(options, n)]
+    not_applied = ["equalization"] if options.equalization else []
     not_applied += ["smoothing"] if options.smoothing else []
     report: dict[str, Any] = {"executorch": {**lowered.section(), "against_program": against,
                                              "not_applied": not_applied}}  # fmt: skip
