@@ -94,7 +94,7 @@ class Option:
     metavar: str | None = None
     parse: Callable[[str], Any] = str  # the CLI's text to a value
     choices: Callable[[], Sequence[str]] | None = None  # the CLI's choices, listed in its help
-    backend: str | None = None  # an option of the targets with this backend only
+    backends: tuple[str, ...] = ()  # an option of the targets with these backends only (empty: of every target)
     path: bool = False  # a path: relative to the config file that gives it
     short: str | None = None  # the CLI's one-letter flag
     repeat: bool = False  # the CLI's flag is given once per entry of a dict (``parse`` gives (key, value))
@@ -106,6 +106,9 @@ class Option:
             raise ArgumentError(f"{where}{self.name} must be {expected}; got {value!r} ({type(value).__name__})")
         return float(value) if self.parse is float and _number(value) else value
 
+
+# the ONNX targets' backends: options the executorch-xnnpack target's PT2E flow does not implement (yet)
+ONNX_BACKENDS = ("qdq", "tosa")
 
 OPTIONS: tuple[Option, ...] = (
     Option("target", "onnxruntime-cpu", lambda v: isinstance(v, str) and v in _target_names(),
@@ -144,16 +147,16 @@ OPTIONS: tuple[Option, ...] = (
            "keep float the int8 convolutions and Gemms whose output SQNR against float is below DB "
            "(measured on the first 64 calibration samples, pointwise convolutions on the first 16; the model "
            "is quantized a second time)", flag="--keep-float-below", key="keep_float_below", metavar="DB",
-           parse=float),
+           parse=float, backends=ONNX_BACKENDS),
     Option("max_drop", None, _optional(lambda v: _number(v) and 0 <= v <= 1),
            "a number in [0, 1] (e.g. 0.01 for one point), or None",
            "an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
            "the kernels that bring it within X at the least modelled latency: the most effective (measured) or "
            "the first ones in graph order (one float region from the inputs); each try re-quantizes",
-           flag="--max-drop", key="max_drop", metavar="X", parse=float),
+           flag="--max-drop", key="max_drop", metavar="X", parse=float, backends=ONNX_BACKENDS),
     Option("metric", None, lambda v: v is None or v in METRICS, f"one of {', '.join(METRICS)}",
            "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
-           flag="--metric", key="metric", choices=lambda: METRICS),
+           flag="--metric", key="metric", choices=lambda: METRICS, backends=ONNX_BACKENDS),
     Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
            f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA})",
            f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "
@@ -165,27 +168,25 @@ OPTIONS: tuple[Option, ...] = (
            flag="--no-equalization", key="equalization"),
     Option("rounding", None, lambda v: v is None or v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}",
            "tosa-int8: how the rescales round (default single_round, TOSA's; double_round: TFLite's)",
-           flag="--rounding", key="rounding", choices=lambda: ROUNDINGS, backend="tosa"),
+           flag="--rounding", key="rounding", choices=lambda: ROUNDINGS, backends=("tosa",)),
     Option("accumulator_bits", None, _optional(lambda v: isinstance(v, int) and not isinstance(v, bool)
                                                and 8 <= v <= 32),
            "a whole number of bits in [8, 32], or None",
            "tosa-int8: simulate accumulators this wide (e.g. 16) in requant's interpreter; the report says how "
            "often each kernel's would overflow", flag="--accumulator-bits", key="accumulator_bits",
-           metavar="BITS", parse=int, backend="tosa"),
+           metavar="BITS", parse=int, backends=("tosa",)),
     Option("fixed_inputs", None, _optional(lambda v: isinstance(v, Mapping)),
            "a dict of input name -> value, or None",
            "make input NAME a constant of VALUE (a number, or numbers separated by commas), as a setting "
            "the model branches on: its If folds and the branch taken is quantized (repeatable)",
            flag="--fix-input", key="fixed_inputs", metavar="NAME=VALUE", parse=lambda text: _fixed_input(text),
-           repeat=True),
+           repeat=True, backends=ONNX_BACKENDS),
     Option("example_inputs", None, lambda v: True, "example inputs",
            "a PyTorch module's example inputs (requant.load)"),
     Option("dynamic_shapes", None, lambda v: True, "dynamic shapes",
            "a PyTorch module's dynamic shapes (requant.load)"),
 )  # fmt: skip
 BY_NAME = {o.name: o for o in OPTIONS}
-# options the executorch-xnnpack target's PT2E flow does not implement (yet): an error when given
-PT2E_UNSUPPORTED = ("keep_float_below", "max_drop", "metric", "rounding", "accumulator_bits", "fixed_inputs")
 
 
 @dataclass(frozen=True)
@@ -230,14 +231,11 @@ class Options:
         """The checks that read more than one option."""
         backend = self.chosen_target.backend
         for option in OPTIONS:
-            if option.backend and getattr(self, option.name) is not None and option.backend != backend:
-                owners = " and ".join(t for t in _target_names() if _backend(t) == option.backend)
-                raise ArgumentError(f"{option.name} is an option of the {owners} target, not of {self.target}")
-        if backend == "executorch":
-            unsupported = [n for n in PT2E_UNSUPPORTED if getattr(self, n) is not None]
-            if unsupported:
-                raise ArgumentError(f"{', '.join(unsupported)}: not available on the {self.target} target yet "
-                                    "(docs/targets.md says which of requant's steps apply there)")  # fmt: skip
+            if option.backends and getattr(self, option.name) is not None and backend not in option.backends:
+                owners = [t for t in _target_names() if _backend(t) in option.backends]
+                named = " and ".join(filter(None, (", ".join(owners[:-1]), owners[-1])))
+                plural = "s" if len(owners) > 1 else ""
+                raise ArgumentError(f"{option.name} is an option of the {named} target{plural}, not of {self.target}")
         if self.output is not None and (backend == "executorch") != str(self.output).endswith(".pte"):
             writes = "a .pte program (.pte)" if backend == "executorch" else "ONNX (.onnx)"
             raise ArgumentError(f"'{self.output}': the {self.target} target writes {writes}")

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from requant.pt2e.quantizer import aten_name
+from requant.pt2e.quantizer import aten_name, look_at_outputs
+from requant.targets.xnnpack import XNNPACK_OPS
 
 __all__ = ["correct_biases", "static_kernels"]
 
-_KERNELS = ("conv1d", "conv2d", "linear")
+# the table's kernels whose weight is [out, in / groups, *kernel] (a transposed conv's is [in, out / groups, ...])
+_KERNELS = tuple(op.aten for op in XNNPACK_OPS.values() if op.role == "kernel" and op.weight_axis == 0)
 
 
 def static_kernels(converted: torch.fx.GraphModule) -> dict[str, str]:
@@ -44,25 +46,23 @@ def _attribute(module: torch.nn.Module, target: str) -> Any:
 
 
 def _input_means(
-    prepared: torch.fx.GraphModule, names: Iterable[str], samples: list[tuple[Any, ...]]
+    prepared: torch.fx.GraphModule, kernels: Iterable[Node], samples: list[tuple[Any, ...]]
 ) -> dict[str, Any]:
     """Each kernel's input averaged over the samples and every axis but the channel's (1 for a
-    convolution, the last for a linear layer)."""
-    wanted, sums = set(names), dict[str, Any]()
+    convolution, the last for a linear layer), by kernel name."""
+    readers: dict[Node, list[Node]] = {}  # what each kernel reads -> the kernels reading it
+    for kernel in kernels:
+        if isinstance(kernel.args[0], Node):
+            readers.setdefault(kernel.args[0], []).append(kernel)
+    sums: dict[str, Any] = {}
 
-    class Means(torch.fx.Interpreter):
-        def run_node(self, n: Node) -> Any:
-            if n.name in wanted:
-                x = self.env[n.args[0]] if isinstance(n.args[0], Node) else None
-                if isinstance(x, torch.Tensor):
-                    axis = x.dim() - 1 if aten_name(n) == "linear" else 1
-                    mean = x.double().mean(dim=[d for d in range(x.dim()) if d != axis])
-                    sums[n.name] = sums.get(n.name, 0) + mean / len(samples)
-            return super().run_node(n)
+    def add(n: Node, x: torch.Tensor) -> None:
+        for kernel in readers.get(n, []):
+            axis = x.dim() - 1 if aten_name(kernel) == "linear" else 1
+            mean = x.double().mean(dim=[d for d in range(x.dim()) if d != axis])
+            sums[kernel.name] = sums.get(kernel.name, 0) + mean / len(samples)
 
-    with torch.no_grad():
-        for args in samples:
-            Means(prepared).run(*args)
+    look_at_outputs(prepared, samples, add)
     return sums
 
 
@@ -97,7 +97,7 @@ def correct_biases(prepared: torch.fx.GraphModule, converted: torch.fx.GraphModu
     moved, per kernel (``sign=-1`` undoes it)."""
     kernels = static_kernels(converted)
     nodes = {n.name: n for n in prepared.graph.nodes if n.name in kernels}
-    means = _input_means(prepared, nodes, samples)
+    means = _input_means(prepared, nodes.values(), samples)
     moved = []
     with torch.no_grad():
         for name, node in nodes.items():

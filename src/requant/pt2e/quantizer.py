@@ -27,7 +27,7 @@ Each decision is kept in ``records`` (node, op, role, config, or why it stayed f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ from requant.targets.constraints import MIN_STEPS
 from requant.targets.xnnpack import XNNPACK_OPS, XnnpackOp
 from requant.types import storage_bounds
 
-__all__ = ["KEY", "RequantQuantizer", "annotations_text", "aten_name", "probe_ranges"]
+__all__ = ["KEY", "RequantQuantizer", "annotations_text", "aten_name", "look_at_outputs", "probe_ranges"]
 
 KEY = "quantization_annotation"
 FOLDED = ("activation",)  # what a kernel or a binary op folds after it
@@ -299,21 +299,31 @@ def annotations_text(model: torch.fx.GraphModule) -> str:
     return "\n".join(lines)
 
 
-def probe_ranges(module: torch.fx.GraphModule, samples: list[tuple[Any, ...]]) -> dict[str, tuple[float, float]]:
-    """Every float tensor's [min, max] over ``samples`` (tuples of inputs), by node name: the float model
-    run by an FX interpreter that looks at each node's output."""
-    ranges: dict[str, tuple[float, float]] = {}
+def look_at_outputs(module: torch.fx.GraphModule, samples: Iterable[tuple[Any, ...]],
+                    look: Callable[[Node, torch.Tensor], None]) -> None:  # fmt: skip
+    """Run ``module`` on each of ``samples`` (tuples of inputs) with an FX interpreter that hands every
+    node's float tensor output to ``look``."""
 
-    class Probe(torch.fx.Interpreter):
+    class Looking(torch.fx.Interpreter):
         def run_node(self, n: Node) -> Any:
             out = super().run_node(n)
             if isinstance(out, torch.Tensor) and out.dtype.is_floating_point and out.numel():
-                lo, hi = float(out.min()), float(out.max())
-                old = ranges.get(n.name, (lo, hi))
-                ranges[n.name] = (min(lo, old[0]), max(hi, old[1]))
+                look(n, out)
             return out
 
     with torch.no_grad():
         for args in samples:
-            Probe(module).run(*args)
+            Looking(module).run(*args)
+
+
+def probe_ranges(module: torch.fx.GraphModule, samples: list[tuple[Any, ...]]) -> dict[str, tuple[float, float]]:
+    """Every float tensor's [min, max] over ``samples`` (tuples of inputs), by node name."""
+    ranges: dict[str, tuple[float, float]] = {}
+
+    def widen(n: Node, out: torch.Tensor) -> None:
+        lo, hi = float(out.min()), float(out.max())
+        old = ranges.get(n.name, (lo, hi))
+        ranges[n.name] = (min(lo, old[0]), max(hi, old[1]))
+
+    look_at_outputs(module, samples, widen)
     return ranges

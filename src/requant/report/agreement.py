@@ -39,6 +39,13 @@ class Reference:
     def run(self, sample: Mapping[str, Any]) -> npt.NDArray[Any]:
         return np.asarray(self.float_session().run(None, sample)[0])
 
+    def outputs_of(self, samples: list[Mapping[str, Any]]) -> list[npt.NDArray[Any]]:
+        """Its outputs on ``samples``, the first ones of its data set: those known, the others run and kept."""
+        known = list(self.outputs or [])
+        known += [self.run(sample) for sample in samples[len(known) :]]
+        self.outputs = known
+        return known[: len(samples)]
+
     def release(self) -> None:
         """Drop the float model and its session (the outputs stay)."""
         self.proto = self.session = None
@@ -88,7 +95,7 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
             if not np.isfinite(output).all():  # agreement figures would be NaN: say where instead
                 raise CalibrationError(f"evaluation sample {i}: the {what} model's first output is not finite")
         sums.add(outs_f[-1], q)
-    reference.outputs = outs_f
+    reference.outputs = outs_f + known[len(outs_f) :]  # a shorter run keeps what a longer one computed
     top_f, top_q = np.concatenate(sums.tops_f), np.concatenate(sums.tops_q)
     samples = sum(len(o) for o in outs_f)
     if labels is not None:

@@ -29,6 +29,7 @@ per node), ``method_choice`` and ``bias_correction``.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from requant.frontends import LoadError
 from requant.options import Options
 from requant.pt2e.bias import correct_biases, static_kernels
 from requant.pt2e.quantizer import probe_ranges
+from requant.report.agreement import Reference
 
 __all__ = ["AUTO_METHODS", "Exported", "calibrate", "export_program", "signature"]
 
@@ -59,7 +61,9 @@ PROBE_SAMPLES = 8  # the float model's ranges the quantizer's join rule reads (r
 
 @dataclass
 class Exported:
-    """The float program, its module, its input names and the model of its inputs (:func:`signature`)."""
+    """The float program, its input names and the model of its inputs (:func:`signature`); the float
+    model run eagerly, and its outputs on the first calibration samples (``reference``: every comparison
+    on them reads the same ones)."""
 
     program: Any
     names: list[str]
@@ -67,7 +71,17 @@ class Exported:
 
     @property
     def module(self) -> Any:
+        """A new module of the program (``prepare_pt2e`` changes the one it is given)."""
         return self.program.module()
+
+    @functools.cached_property
+    def float_session(self) -> ModuleSession:
+        return ModuleSession(self.module, self.names)
+
+    @functools.cached_property
+    def reference(self) -> Reference:
+        """The float model's outputs on the first calibration samples, computed once each."""
+        return Reference(None, session=self.float_session)
 
 
 def _program(model: Any, options: Options) -> Any:
@@ -178,8 +192,7 @@ def _corrected(
     args = [tuple(contiguous(s[n]) for n in exported.names) for s in fit[:BIAS_SAMPLES]]
     session = ModuleSession(converted, exported.names)
     if known is None:  # float's outputs on the compared samples, and the converted program's score there
-        float_session = ModuleSession(exported.module, exported.names)
-        f = np.concatenate([float_session.run(None, s)[0] for s in compare])
+        f = np.concatenate(exported.reference.outputs_of(compare))
         metric, before = _score(f, session, compare)
     else:
         f, (metric, before) = known
@@ -224,8 +237,7 @@ def _choose(
     """The candidate closest to float on ``compare``, the choice's record, and float's outputs there."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    float_session = ModuleSession(exported.module, exported.names)
-    f = np.concatenate([float_session.run(None, s)[0] for s in compare])  # once, for every candidate
+    f = np.concatenate(exported.reference.outputs_of(compare))  # once, for every candidate
     scores: dict[str, float] = {}
     best: tuple[float, str, Any] | None = None
     metric = "sqnr_db"

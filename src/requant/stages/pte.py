@@ -68,9 +68,8 @@ def _against_program(exported: Exported, converted: Any, pte: PteSession, sample
     from requant.backends.executorch import ModuleSession
 
     first = samples.head(exported.signature, CHECK_SAMPLES)
-    reference = Reference(None, session=ModuleSession(exported.module, exported.names))
-    program = agreement(exported.signature, reference, ModuleSession(converted, exported.names), first)
-    lowered = agreement(exported.signature, reference, pte, first)
+    program = agreement(exported.signature, exported.reference, ModuleSession(converted, exported.names), first)
+    lowered = agreement(exported.signature, exported.reference, pte, first)
     gap = program["sqnr_db"] - lowered["sqnr_db"]
     return {"samples": len(first), "program_sqnr_db": program["sqnr_db"], "pte_sqnr_db": lowered["sqnr_db"],
             "program_top1": program["top1_agreement"], "pte_top1": lowered["top1_agreement"],
@@ -80,7 +79,7 @@ def _against_program(exported: Exported, converted: Any, pte: PteSession, sample
 def check_pte(exported: Exported, converted: Any, lowered: Lowered, samples: Samples, evaluation: Samples | None,
               options: Options) -> dict[str, Any]:  # fmt: skip
     """The ``.pte`` against its program (refused when further from float), against float, and timed."""
-    from requant.backends.executorch import ModuleSession, PteSession, lower_to_pte
+    from requant.backends.executorch import PteSession, lower_to_pte
     from requant.backends.executorch.lower import LoweringError
     from requant.stages.pt2e import CHOICE_SAMPLES
 
@@ -97,8 +96,10 @@ def check_pte(exported: Exported, converted: Any, lowered: Lowered, samples: Sam
     not_applied += ["smoothing"] if options.smoothing else []
     report: dict[str, Any] = {"executorch": {**lowered.section(), "against_program": against,
                                              "not_applied": not_applied}}  # fmt: skip
-    reference = Reference(None, session=ModuleSession(exported.module, exported.names))
-    data = evaluation if evaluation is not None else samples.head(exported.signature, CHOICE_SAMPLES)
+    data: Any = evaluation
+    reference = Reference(None, session=exported.float_session)
+    if evaluation is None:  # the first calibration samples: float's outputs there are known
+        data, reference = samples.head(exported.signature, CHOICE_SAMPLES), exported.reference
     report["evaluation"] = agreement(exported.signature, reference, pte, data)
     if report["evaluation"]["sqnr_db"] < POOR_DB:
         report["outputs"] = {"poor": [f"its output is {report['evaluation']['sqnr_db']:.1f} dB from float "
