@@ -21,7 +21,7 @@ from requant.errors import RequantError  # noqa: E402
 from requant.frontends import LoadError  # noqa: E402
 from requant.options import ArgumentError, Options  # noqa: E402
 from requant.quantizers import INT8_DYNAMIC_LINEAR, Quantizer  # noqa: E402
-from tests.models.pt2e_cases import make_residual_net  # noqa: E402
+from tests.models.pt2e_cases import make_cancelling_heads, make_residual_net, make_two_input_net  # noqa: E402
 
 TARGET = "executorch-xnnpack"
 
@@ -59,6 +59,7 @@ def test_digits_cnn_to_pte_keeps_its_accuracy(digits: Any, tmp_path: Path) -> No
         and report["size_bytes"]["quantized"] < report["size_bytes"]["float"]
     )
     assert "executorch: " in report["summary"] and "NOT USABLE" not in report["summary"]
+    assert report["outputs"]["parts"][0]["sqnr_db"] > 15 and not report["outputs"]["poor"]  # held out of calibration
     from requant.report.html import to_html
 
     assert "<h2>ExecuTorch program</h2>" in to_html(report)
@@ -66,6 +67,23 @@ def test_digits_cnn_to_pte_keeps_its_accuracy(digits: Any, tmp_path: Path) -> No
     assert len(corrected["kernels"]) == 3 and (corrected["after"] <= corrected["before"]) == corrected["kept"]
     kernels = [r for r in report["pt2e"]["nodes"] if r["role"] == "kernel"]
     assert len(kernels) == 3 and all(r["decision"] == "int8" for r in kernels)
+
+
+def test_an_accuracy_budget_keeps_the_kernels_that_lose_most_float_until_it_is_met(digits: Any) -> None:
+    """A budget of 1e-5 on 1 - cosine (the int8 .pte's is about 4e-5): the kernels losing the most signal are
+    kept float, fewest first, until it is met; each try is in the record, and the kernels kept float say why
+    in the quantizer's decisions."""
+    net, _, calib, x_test, _ = digits
+    result = requant.quantize(net, _samples(calib), target=TARGET, example_inputs=(torch.from_numpy(calib[:1]),),
+                              eval_data=_samples(x_test), max_drop=1e-5, metric="cosine", measure=False)  # fmt: skip
+    budget = result.report["accuracy_budget"]
+    assert budget["first_drop"] > 1e-5 and budget["met"] and budget["final_drop"] <= 1e-5, budget
+    assert 1 - result.report["evaluation"]["cosine_similarity"] <= 1e-5
+    kept = [k["node"] for k in budget["kept_float"]]
+    assert 1 <= len(kept) <= 3 and budget["tries"][0]["kept_float"] == 0
+    decisions = {r["node"]: r["decision"] for r in result.report["pt2e"]["nodes"]}
+    assert all(decisions[k].startswith("float: the accuracy budget") for k in kept), decisions
+    assert f"accuracy budget: 1 - cosine at most 1e-05; {budget['first_drop']:.4f} at first" in result.report["summary"]
 
 
 def test_same_module_data_and_options_give_the_same_bytes(digits: Any) -> None:
@@ -108,6 +126,45 @@ def test_a_pte_far_from_its_program_is_refused() -> None:
     wrong = lower_to_pte(torch.export.export(other, (torch.from_numpy(data[0]["x"]),)))
     with pytest.raises(LoweringError, match="computes other numbers than the program it was lowered from"):
         pte.check_pte(exported, exported.module, wrong, Samples(data), None, options)
+
+
+def test_a_pte_departing_from_its_program_is_refused_naming_the_first_op_that_departs() -> None:
+    """A real fault of the runtime: a .pte exported from a channels-last example of input ``u`` misreads the
+    contiguous ``u`` it is given (test below). The lowered prefixes of the program are bisected: the first op
+    that departs is the conv reading ``u`` (its ReLU folded), not one of the two before it reading ``x``."""
+    from requant.calibration.samples import Samples
+    from requant.stages import pt2e, pte
+
+    rng = np.random.default_rng(0)
+    data = [{n: rng.normal(size=(1, 3, 8, 8)).astype(np.float32) for n in ("x", "u")} for _ in range(16)]
+    example = tuple(torch.from_numpy(data[0][n]) for n in ("x", "u"))
+    options = Options.create(target=TARGET, example_inputs=example, measure=False, method="minmax")
+    exported = pt2e.export_program(make_two_input_net(), options)
+    run = pt2e.quantize_once(exported, Samples(data), options)
+    misread = (example[0], example[1].to(memory_format=torch.channels_last))
+    lowered = pte.lower_converted(exported, run.converted, misread)
+    with pytest.raises(LoweringError, match=r"first op whose lowered prefix departs: conv2d_2 \(conv2d with relu"):
+        pte.check_pte(exported, run.converted, lowered, Samples(data), None, options, example=misread)
+    assert pte.check_pte(exported, run.converted, run.lowered, Samples(data), None, options)["executorch"][
+        "against_program"]["same"]  # fmt: skip
+
+
+def test_every_output_is_checked_and_a_far_one_is_said_first(tmp_path: Path) -> None:
+    """The second output (two int8 convs that nearly cancel) is far from float while the first is close:
+    the summary's first line says which output; keeping the op feeding it float is tried, measured, and
+    left out as no closer; the .pte is written (--strict would exit 3)."""
+    net = make_cancelling_heads()
+    data = [{"x": np.random.default_rng(i).normal(size=(1, 3, 8, 8)).astype(np.float32)} for i in range(48)]
+    out = tmp_path / "heads.pte"
+    result = requant.quantize(net, data, target=TARGET, example_inputs=(torch.from_numpy(data[0]["x"]),),
+                              measure=False, output=out)  # fmt: skip
+    checked = result.report["outputs"]
+    by_output = {p["output"]: p for p in checked["parts"]}
+    assert by_output["linear"]["sqnr_db"] > 30 and by_output["add"]["sqnr_db"] < 10, checked
+    assert checked["poor"] == [f"output 'add': SQNR {by_output['add']['sqnr_db']:.1f} dB"]
+    assert checked["remedy"]["kept_float"] == ["add"] and not checked["remedy"]["kept"]
+    assert result.report["summary"].startswith("NOT USABLE AS IS: output 'add'")
+    assert out.read_bytes() == result.pte
 
 
 def test_the_pte_reads_inputs_in_its_examples_memory_order_and_requant_feeds_contiguous() -> None:

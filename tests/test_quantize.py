@@ -44,7 +44,9 @@ def test_quantize_the_bundled_model(tmp_path: Path) -> None:
 def test_targets_are_looked_up_by_name_and_the_latency_can_be_skipped(tmp_path: Path) -> None:
     from requant.errors import RequantError
 
-    with pytest.raises(RequantError, match="target must be a target name, one of executorch-xnnpack, onnxruntime-cpu, "):
+    with pytest.raises(
+        RequantError, match="target must be a target name, one of executorch-xnnpack, onnxruntime-cpu, "
+    ):
         requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", target="onnxruntime-gpu")
     unknown = run_cli(str(DIGITS / "digits_cnn.onnx"), "-o", str(tmp_path / "x.onnx"), "--calib",
                       str(DIGITS / "calib.npz"), "--target", "onnxruntime-gpu")  # fmt: skip

@@ -153,10 +153,10 @@ OPTIONS: tuple[Option, ...] = (
            "an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
            "the kernels that bring it within X at the least modelled latency: the most effective (measured) or "
            "the first ones in graph order (one float region from the inputs); each try re-quantizes",
-           flag="--max-drop", key="max_drop", metavar="X", parse=float, backends=ONNX_BACKENDS),
+           flag="--max-drop", key="max_drop", metavar="X", parse=float),
     Option("metric", None, lambda v: v is None or v in METRICS, f"one of {', '.join(METRICS)}",
            "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
-           flag="--metric", key="metric", choices=lambda: METRICS, backends=ONNX_BACKENDS),
+           flag="--metric", key="metric", choices=lambda: METRICS),
     Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
            f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA})",
            f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "

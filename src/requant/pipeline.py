@@ -120,29 +120,26 @@ def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: 
     """The ``executorch-xnnpack`` target's stages: export -> annotate (requant's PT2E quantizer) ->
     calibrate -> choose the method -> convert -> lower to a ``.pte`` -> check it against its program,
     float and time (:mod:`requant.stages.pt2e`, :mod:`requant.stages.pte`)."""
-    from requant.pt2e import RequantQuantizer
-    from requant.stages import pt2e, pte
+    from requant.stages import pt2e, pt2e_budget, pte, pte_outputs
 
     exported = pt2e.export_program(model, options)
-    methods = pt2e.AUTO_METHODS if options.method == "auto" else (str(options.method),)
-    quantizer = RequantQuantizer(options.quantizer, options.chosen_target.presets, methods)
     samples = Samples(calibration_data)
-    converted, choice, corrected = pt2e.calibrate(exported, quantizer, samples, options)
-    seconds = time.perf_counter() - started
-    lowered = pte.lower_converted(exported, converted)
+    run = pt2e.quantize_once(exported, samples, options)
+    run, checked = pte_outputs.check_outputs(exported, run, samples, options)  # every output; a remedy where far
     evaluation = Samples(options.eval_data, "evaluation") if options.eval_data is not None else None
+    if options.max_drop is not None and evaluation is not None:  # Options checked that eval_data comes with it
+        run, budget = pt2e_budget.within_budget(exported, run, samples, evaluation, options)
+        checked.update(budget)
+    seconds = time.perf_counter() - started
     report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
-    if choice:
-        report["method_choice"] = choice
-    if quantizer.quantizer.chooses_by_model:
-        report["quantizers"] = {"preset_choice": f"{quantizer.preset} ({quantizer.preset_why})"}
-    report["pt2e"] = {"quantizer": "requant.pt2e.RequantQuantizer", "nodes": quantizer.records}
-    if corrected:
-        report["bias_correction"] = corrected
-    report.update(pte.check_pte(exported, converted, lowered, samples, evaluation, options))
+    if run.quantizer.quantizer.chooses_by_model:
+        report["quantizers"] = {"preset_choice": f"{run.quantizer.preset} ({run.quantizer.preset_why})"}
+    report.update({name: record for name, record in run.records.items() if record})
+    report["pt2e"] = {"quantizer": "requant.pt2e.RequantQuantizer", "nodes": run.quantizer.records}
+    report.update(checked, **pte.check_pte(exported, run.converted, run.lowered, samples, evaluation, options))
     report["quantize_seconds"] = seconds
     report["summary"] = summary(report)
-    result = QuantizedModel(None, report, pte=lowered.pte)
+    result = QuantizedModel(None, report, pte=run.lowered.pte)
     if options.output is not None:
         result.save(options.output)
     return result

@@ -20,6 +20,7 @@ import torch
 from torch.fx import Node
 
 from requant.pt2e.quantizer import aten_name, look_at_outputs
+from requant.pt2e.rounding import FLOAT_WEIGHTS
 from requant.targets.xnnpack import XNNPACK_OPS
 
 __all__ = ["correct_biases", "static_kernels"]
@@ -75,10 +76,12 @@ def _weight_error(prepared: torch.fx.GraphModule, node: Node) -> torch.Tensor | 
     weight_node = observer_node.args[0]
     if not isinstance(weight_node, Node) or weight_node.op != "get_attr" or not hasattr(observer, "ch_axis"):
         return None
-    weight = _attribute(prepared, str(weight_node.target)).detach().double()
+    kept = prepared.meta.get(FLOAT_WEIGHTS, {}).get(str(weight_node.target))  # rounded against its inputs
+    current = _attribute(prepared, str(weight_node.target)).detach()
+    weight = (kept if kept is not None else current).double()
     scale, zero_point = observer.calculate_qparams()
     axis, low, high = int(observer.ch_axis), int(observer.quant_min), int(observer.quant_max)
-    rounded = torch.fake_quantize_per_channel_affine(weight.float(), scale.float(), zero_point.int(), axis, low, high)
+    rounded = torch.fake_quantize_per_channel_affine(current.float(), scale.float(), zero_point.int(), axis, low, high)
     error: torch.Tensor = rounded.double() - weight
     return error
 

@@ -95,4 +95,12 @@ class RequantObserver(ObserverBase):  # type: ignore[misc]
 
 
 class RequantPerChannelObserver(RequantObserver):
-    """The same, per channel (``prepare_pt2e`` passes ``ch_axis`` only to a class named per channel)."""
+    """The same, per channel (``prepare_pt2e`` passes ``ch_axis`` only to a class named per channel). It
+    observes weights: a forward given the tensor it saw last (a module's constant, each calibration
+    sample) does nothing again; a replaced one (equalized, rounded) is observed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x is not self.__dict__.get("_last"):
+            super().forward(x)
+            object.__setattr__(self, "_last", x)  # not registered: a parameter of the model, not the observer's
+        return x

@@ -27,7 +27,7 @@ Each decision is kept in ``records`` (node, op, role, config, or why it stayed f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,14 +88,16 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
     """requant's decisions as PT2E annotations (module docstring). ``quantizer``: requant's quantizer (its
     defaults when None); ``preset``: the global config when the quantizer's is chosen by model;
     ``methods``: calibration methods every activation observer keeps statistics for besides its own
-    (requant's choice converts with each)."""
+    (requant's choice converts with each); ``keep_float``: nodes left float, by name, and why."""
 
     def __init__(self, quantizer: Quantizer | None = None,
                  presets: tuple[str, str] = ("INT8_FLOAT_BIAS", "INT8_DYNAMIC_LINEAR"), methods: tuple[str, ...] = (),
-                 ranges: dict[str, tuple[float, float]] | None = None) -> None:  # fmt: skip
+                 ranges: dict[str, tuple[float, float]] | None = None,
+                 keep_float: Mapping[str, str] | None = None) -> None:  # fmt: skip
         super().__init__()
         self.quantizer = quantizer or Quantizer().set_global_by_model()
         self.presets, self.methods, self.ranges = presets, methods, ranges or {}
+        self.keep_float = dict(keep_float or {})  # nodes left float whatever a selection says (remedies, budget)
         self.preset, self.preset_why = presets[0], ""
         self.records: list[dict[str, str]] = []
         self._specs: dict[tuple[QuantizationSpec, int | None], TorchSpec] = {}
@@ -121,16 +123,30 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
         self.preset_why = f"linear layers: {linear}, convolutions: {convs}; {kind}"
         return self.preset
 
-    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    def config_of(self, model: torch.fx.GraphModule) -> Callable[[Node], QuantizationConfig | None]:
+        """The config requant's selections give each node of ``model`` (None: no row, or no selection)."""
         selections = self.quantizer.selections(self.choose_preset(model))
+
+        def config(node: Node) -> QuantizationConfig | None:
+            row = XNNPACK_OPS.get(aten_name(node) or "")
+            view = NodeView.of(node, row) if row is not None else None
+            return next((c for finder, c in selections if finder.matches(view)), None) if view else None  # type: ignore[arg-type]
+
+        return config
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        config_of = self.config_of(model)
         self.records, self._quantized = [], set()
         for node in model.graph.nodes:
             row = XNNPACK_OPS.get(aten_name(node) or "")
             if row is None or KEY in node.meta or row.role in FOLDED:
                 continue
-            view = NodeView.of(node, row)
-            config = next((c for finder, c in selections if finder.matches(view)), None)  # type: ignore[arg-type]
-            why = _RULES[row.role](self, node, row, config) if config is not None else "no selection finds it"
+            config = config_of(node)
+            why: str | None
+            if node.name in self.keep_float:
+                why = f"float: {self.keep_float[node.name]}"
+            else:
+                why = _RULES[row.role](self, node, row, config) if config is not None else "no selection finds it"
             self.records.append({"node": node.name, "op": str(node.target), "role": row.role,
                                  "config": str(config), "decision": why or "int8"})  # fmt: skip
         return model
@@ -316,14 +332,22 @@ def look_at_outputs(module: torch.fx.GraphModule, samples: Iterable[tuple[Any, .
             Looking(module).run(*args)
 
 
-def probe_ranges(module: torch.fx.GraphModule, samples: list[tuple[Any, ...]]) -> dict[str, tuple[float, float]]:
-    """Every float tensor's [min, max] over ``samples`` (tuples of inputs), by node name."""
+Look = Callable[[Node, torch.Tensor], None]
+
+
+def probe_ranges(
+    module: torch.fx.GraphModule, samples: list[tuple[Any, ...]], also: Look | None = None
+) -> dict[str, tuple[float, float]]:
+    """Every float tensor's [min, max] over ``samples`` (tuples of inputs), by node name; ``also``: another
+    look at each output in the same pass."""
     ranges: dict[str, tuple[float, float]] = {}
 
     def widen(n: Node, out: torch.Tensor) -> None:
         lo, hi = float(out.min()), float(out.max())
         old = ranges.get(n.name, (lo, hi))
         ranges[n.name] = (min(lo, old[0]), max(hi, old[1]))
+        if also is not None:
+            also(n, out)
 
     look_at_outputs(module, samples, widen)
     return ranges

@@ -28,7 +28,7 @@ from requant.runtime import exact_twin
 from requant.stages.choose import CHOICE_SAMPLES
 from requant.stages.run import Flow, Run
 
-__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs"]
+__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs", "worse"]
 
 log = logging.getLogger("requant")
 
@@ -107,7 +107,7 @@ def _skip_conversions(node: ir.Node | None) -> ir.Node | None:
     return node
 
 
-def _worse(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
+def worse(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
     """How far from float: poor parts, then the score parts' changed decisions, then the worst SQNR."""
     flipped = sum(p.get("flipped", 0.0) for p in parts)
     return len(poor_parts(parts)), flipped, -min((p["sqnr_db"] for p in parts), default=0.0)
@@ -130,7 +130,7 @@ def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, A
         log.warning("%s; keeping the %d ops feeding it float and quantizing again", describe(poor[0]), len(region))
         other = flow.again(run, region)
         tried = _measure(other, samples, floats, splits)
-        better = _worse(tried) < _worse(parts)
+        better = worse(tried) < worse(parts)
         record["remedy"] = {"kept_float": region, "parts": tried, "kept": better}
         if better:
             run, poor = other, poor_parts(tried)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+from requant.backends.executorch.lower import Lowered
 from requant.backends.executorch.runtime import ModuleSession, contiguous
 from requant.calibration.runner import terminal_progress
 from requant.calibration.samples import Samples
@@ -45,10 +47,13 @@ from requant.errors import RequantError
 from requant.frontends import LoadError
 from requant.options import Options
 from requant.pt2e.bias import correct_biases, static_kernels
-from requant.pt2e.quantizer import probe_ranges
+from requant.pt2e.equalize import channel_maxima, depthwise_chains, depthwise_inputs, equalize
+from requant.pt2e.quantizer import RequantQuantizer, probe_ranges
+from requant.pt2e.rounding import round_weights, watch_inputs
 from requant.report.agreement import Reference
+from requant.transforms.equalization import MAX_SCALE, Equalized
 
-__all__ = ["AUTO_METHODS", "Exported", "calibrate", "export_program", "signature"]
+__all__ = ["AUTO_METHODS", "Exported", "Quantized", "calibrate", "export_program", "quantize_once", "signature"]
 
 # one pass gathers them all (one histogram serves the last three), so trying each costs a conversion and a
 # run of the compared samples. mean_minmax is not among them: the worst KL on MobileNetV2 and
@@ -82,6 +87,33 @@ class Exported:
     def reference(self) -> Reference:
         """The float model's outputs on the first calibration samples, computed once each."""
         return Reference(None, session=self.float_session)
+
+
+@dataclass
+class Quantized:
+    """One quantization of the program: the quantizer (its decisions), the converted module, the records
+    of what was done to it, and the lowered ``.pte``."""
+
+    quantizer: RequantQuantizer
+    converted: Any
+    records: dict[str, Any]  # the report's sections: equalization, method_choice, bias_correction
+    lowered: Lowered
+
+    @property
+    def choice(self) -> dict[str, Any]:
+        return dict(self.records.get("method_choice") or {})
+
+
+def quantize_once(exported: Exported, samples: Samples, options: Options, keep_float: Mapping[str, str] | None = None,
+                  only: str | None = None) -> Quantized:  # fmt: skip
+    """Annotate, calibrate, choose, convert, correct and lower; ``keep_float``: nodes left float (and why); ``only``:
+    the method an earlier choice made (:func:`calibrate`)."""
+    from requant.stages.pte import lower_converted
+
+    methods = (only,) if only else AUTO_METHODS if options.method == "auto" else (str(options.method),)
+    quantizer = RequantQuantizer(options.quantizer, options.chosen_target.presets, methods, keep_float=keep_float)
+    converted, records = calibrate(exported, quantizer, samples, options, only)
+    return Quantized(quantizer, converted, records, lower_converted(exported, converted))
 
 
 def _program(model: Any, options: Options) -> Any:
@@ -137,20 +169,40 @@ def _feed(module: Any, names: list[str], sample: dict[str, Any]) -> None:
     module(*[contiguous(sample[n]) for n in names])
 
 
-def calibrate(
-    exported: Exported, quantizer: Any, samples: Samples, options: Options
-) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """``prepare_pt2e`` with ``quantizer``, one calibration pass (the first samples held out when there
-    are enough), the method chosen (or the one asked for), ``convert_pt2e``, the biases corrected. Returns
-    the converted module, the ``method_choice`` record and the ``bias_correction`` one."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+def _prepared(exported: Exported, quantizer: Any, first: list[Any], options: Options) -> tuple[Any, dict[str, Any]]:
+    """The float module probed (the join rule's ranges; the depthwise convs' input channel maxima),
+    annotated, prepared and equalized (:mod:`requant.pt2e.equalize`); the ``equalization`` record."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     module = exported.module
-    first = samples.head(exported.signature, 4 * CHOICE_SAMPLES)
     probes = [tuple(contiguous(s[n]) for n in exported.names) for s in first[:PROBE_SAMPLES]]
-    quantizer.ranges = probe_ranges(module, probes)
+    maxima, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
+    quantizer.ranges = probe_ranges(module, probes, look)
     prepared = prepare_pt2e(module, quantizer)
+    if not options.equalization:
+        return prepared, {"enabled": False, "not_applied": "turned off", "chains": []}
+    chains, others = depthwise_chains(prepared)
+    records = [r.__dict__ for r in equalize(prepared, chains, maxima)]
+    records += [Equalized("", None, name, "", skipped=why).__dict__ for name, why in others]
+    why = None if chains else "no convolution -> activation -> depthwise convolution chain"
+    return prepared, {"enabled": True, "max_scale": MAX_SCALE, "not_applied": why, "chains": records}
+
+
+def calibrate(
+    exported: Exported, quantizer: Any, samples: Samples, options: Options, only: str | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Equalization, ``prepare_pt2e`` with ``quantizer``, one calibration pass (the first samples held out
+    when there are enough; the kernels' input moments gathered in it), the weights rounded against them,
+    the method chosen (or the one asked for), ``convert_pt2e``, the biases corrected. Returns the
+    converted module and the records (``equalization``, ``weight_rounding``, ``method_choice``,
+    ``bias_correction``). ``only``: the method an earlier choice made (the same samples held out, no
+    choice made again)."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    first = samples.head(exported.signature, 4 * CHOICE_SAMPLES)
+    prepared, equalization = _prepared(exported, quantizer, first, options)
     held = CHOICE_SAMPLES if len(first) >= 4 * CHOICE_SAMPLES and options.method == "auto" else 0
+    watched, unhook = watch_inputs(prepared)
     progress = options.progress or terminal_progress("calibrating")
     seen = 0
     with torch.no_grad():
@@ -159,11 +211,14 @@ def calibrate(
                 _feed(prepared, exported.names, sample)
                 seen += 1
                 progress(seen, 0.0)
-    if options.method != "auto":
-        _use(prepared, str(options.method))
+    unhook()
+    records: dict[str, Any] = {"equalization": equalization, "weight_rounding": round_weights(prepared, watched)}
+    if options.method != "auto" or only:
+        _use(prepared, only or str(options.method))
         reference = copy.deepcopy(prepared) if options.bias_correction else None  # convert consumes it
         converted = convert_pt2e(prepared)
-        return converted, {}, _corrected(reference, converted, exported, first[held:], first[:CHOICE_SAMPLES])
+        corrected = _corrected(reference, converted, exported, first[held:], first[:CHOICE_SAMPLES])
+        return converted, {**records, "bias_correction": corrected}
     calibrated = [m for m in prepared.modules() if len(getattr(m, "statistics", {})) > 1]
     if not calibrated or any(getattr(m, "is_dynamic", False) for m in prepared.modules()):
         # nothing to choose between, or inputs quantized per call beside calibrated ones: a copy of a
@@ -173,16 +228,21 @@ def calibrate(
             if not calibrated
             else "the model has inputs quantized per call (dynamic): its copies cannot be converted to compare"
         )
-        return convert_pt2e(prepared), {"chosen": "minmax", "why": f"not chosen: {why}"}, {}
+        return convert_pt2e(prepared), {**records, "method_choice": {"chosen": "minmax", "why": f"not chosen: {why}"}}
     compare = first[:held] if held else first[:CHOICE_SAMPLES]
     converted, choice, f = _choose(prepared, exported, compare, held)
     reference = prepared if options.bias_correction else None  # the candidates converted copies of it
     chosen = (choice["metric"], choice["scores"][choice["chosen"]])  # its score before correction: known
-    return converted, choice, _corrected(reference, converted, exported, first[held:], compare, (f, chosen))
+    corrected = _corrected(reference, converted, exported, first[held:], compare, (f, chosen))
+    return converted, {**records, "method_choice": choice, "bias_correction": corrected}
 
 
 def _corrected(
-    reference: Any, converted: Any, exported: Exported, fit: list[Any], compare: list[Any],
+    reference: Any,
+    converted: Any,
+    exported: Exported,
+    fit: list[Any],
+    compare: list[Any],
     known: tuple[np.ndarray, tuple[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Bias correction (:mod:`requant.pt2e.bias`) from ``BIAS_SAMPLES`` of ``fit``, kept where the output
@@ -231,9 +291,7 @@ def _score(f: np.ndarray, session: ModuleSession, compare: list[Any]) -> tuple[s
     return "sqnr_db", float(10 * np.log10(float((f**2).sum()) / noise)) if noise > 0 else float("inf")
 
 
-def _choose(
-    prepared: Any, exported: Exported, compare: list[Any], held: int
-) -> tuple[Any, dict[str, Any], np.ndarray]:
+def _choose(prepared: Any, exported: Exported, compare: list[Any], held: int) -> tuple[Any, dict[str, Any], np.ndarray]:
     """The candidate closest to float on ``compare``, the choice's record, and float's outputs there."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 

@@ -51,7 +51,15 @@ from requant.ir.requests import QuantizationSpec
 from requant.targets.kernels import is_depthwise
 from requant.transforms.smoothing import FLOATS, channel_spread
 
-__all__ = ["MAX_SCALE", "Equalization", "Equalized", "depthwise_pairs", "equalize_depthwise", "unless_per_channel"]
+__all__ = [
+    "MAX_SCALE",
+    "Equalization",
+    "Equalized",
+    "channel_factors",
+    "depthwise_pairs",
+    "equalize_depthwise",
+    "unless_per_channel",
+]
 
 MAX_SCALE = 8.0  # a channel is scaled up at most this much (a dead or nearly dead one gains nothing)
 SAMPLES = 64  # the first calibration samples the channels' maxima are measured on (fewer for large inputs)
@@ -233,11 +241,8 @@ def equalize_depthwise(
             continue
         maxima = np.fmax(np.abs(observer.lo), np.abs(observer.hi)).astype(np.float64)
         maxima = np.where(np.isfinite(maxima), maxima, 0.0)
-        top = float(maxima.max())
-        s = np.ones_like(maxima)
-        live = maxima > 0
-        s[live] = np.clip(top / (HEADROOM * maxima[live]), 1.0, max_scale)
-        if top <= 0 or not (s > 1).any():
+        s = channel_factors(maxima, max_scale)
+        if not (s > 1).any():
             why = f"no channel's maximum is below 1/{HEADROOM:g} of the largest"
             records.append(Equalized(*names, str(chain.input.name), int(maxima.size), 0, 1.0, channel_spread(maxima),
                                      channel_spread(maxima), why))  # fmt: skip
@@ -253,6 +258,17 @@ def equalize_depthwise(
         records.append(Equalized(*names, str(chain.input.name), int(maxima.size), int((s > 1).sum()), float(s.max()),
                                  channel_spread(maxima), channel_spread(maxima * s)))  # fmt: skip
     return Equalization(records, None, originals)
+
+
+def channel_factors(maxima: npt.NDArray[np.float64], max_scale: float = MAX_SCALE) -> npt.NDArray[np.float64]:
+    """Each channel's factor from its largest magnitude (``maxima``, finite, >= 0): the small channels
+    raised to ``1 / HEADROOM`` of the largest, at most ``max_scale`` times; 1 for the others."""
+    top = float(maxima.max()) if maxima.size else 0.0
+    s = np.ones_like(maxima)
+    live = maxima > 0
+    if top > 0:
+        s[live] = np.clip(top / (HEADROOM * maxima[live]), 1.0, max_scale)
+    return s
 
 
 def unless_per_channel(equalization: Equalization) -> Equalization:
