@@ -54,7 +54,7 @@ from requant.types import (
 )
 from requant.types.accumulation import Accumulation
 
-__all__ = ["WeightEncoding", "encode_rows", "encode_weights", "rescale_stored"]
+__all__ = ["WeightEncoding", "encode_rows", "encode_weights", "energy_db", "rescale_stored"]
 
 log = logging.getLogger("requant.calibration")
 
@@ -104,7 +104,8 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _sqnr(signal: float, noise: float) -> float:
+def energy_db(signal: float, noise: float) -> float:
+    """``10 log10(signal / noise)`` of two energies (inf without noise or signal)."""
     return float(10 * np.log10(signal / noise)) if noise > 0 and signal > 0 else float("inf")
 
 
@@ -276,7 +277,7 @@ def _encode_one(
     stored = reduction.rows(qcast(data, wt).astype(np.int64))
     lo, hi = np.int64(xt.storage_min), np.int64(xt.storage_max)  # every stored value the input can hold
     signal = float((data**2).sum())
-    rounded_db = _sqnr(signal, float(((rows_f - (stored - zero_points[:, None]) * scales[:, None]) ** 2).sum()))
+    rounded_db = energy_db(signal, float(((rows_f - (stored - zero_points[:, None]) * scales[:, None]) ** 2).sum()))
     acc = rule.accumulation if rule is not None else None
     over, margin = acc.overflow_and_margin(stored, lo, hi) if acc is not None else (None, 2**31 - 1)
     record = WeightEncoding(
@@ -319,7 +320,7 @@ def _encode_one(
         record,
         encoding="pair-safe",
         margin=after_margin,
-        encoded_sqnr_db=_sqnr(signal, noise),
+        encoded_sqnr_db=energy_db(signal, noise),
         rescaled=int((factor > 1.0).sum()),
         largest_factor=float(factor.max()),
         moved=moved,
@@ -373,7 +374,7 @@ def _against_inputs(
         raise AssertionError(f"{record.node}: error-feedback rounding broke the pair proof")
     signal = output_error(units, np.zeros_like(units), h)
     before, after = output_error(units, stored, h), output_error(units, q, h)
-    nearest_db = _sqnr(signal, before)
+    nearest_db = energy_db(signal, before)
     if after >= before:
         return dataclasses.replace(record, nearest_output_sqnr_db=nearest_db, output_sqnr_db=nearest_db)
     set_stored_values(w, reduction.weight_of(q).astype(wt.storage_type.numpy_dtype))
@@ -383,10 +384,10 @@ def _against_inputs(
         record,
         rounding="error feedback",
         margin=int(margin),
-        encoded_sqnr_db=_sqnr(float((data**2).sum()), weight_noise),
+        encoded_sqnr_db=energy_db(float((data**2).sum()), weight_noise),
         moved=int((q != nearest).sum()),
         nearest_output_sqnr_db=nearest_db,
-        output_sqnr_db=_sqnr(signal, after),
+        output_sqnr_db=energy_db(signal, after),
     )
 
 

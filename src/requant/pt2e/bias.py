@@ -12,13 +12,13 @@ every kernel's output shift measured at once in the converted program compounded
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.fx import Node
 
+from requant.pt2e.equalize import constant
 from requant.pt2e.quantizer import aten_name, look_at_outputs
 from requant.pt2e.rounding import FLOAT_WEIGHTS
 from requant.targets.xnnpack import XNNPACK_OPS
@@ -40,10 +40,6 @@ def static_kernels(converted: torch.fx.GraphModule) -> dict[str, str]:
         if static and isinstance(bias, Node) and bias.op == "get_attr":
             found[node.name] = str(bias.target)
     return found
-
-
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    return functools.reduce(getattr, target.split("."), module)
 
 
 def _input_means(
@@ -77,7 +73,7 @@ def _weight_error(prepared: torch.fx.GraphModule, node: Node) -> torch.Tensor | 
     if not isinstance(weight_node, Node) or weight_node.op != "get_attr" or not hasattr(observer, "ch_axis"):
         return None
     kept = prepared.meta.get(FLOAT_WEIGHTS, {}).get(str(weight_node.target))  # rounded against its inputs
-    current = _attribute(prepared, str(weight_node.target)).detach()
+    current = constant(prepared, str(weight_node.target)).detach()
     weight = (kept if kept is not None else current).double()
     scale, zero_point = observer.calculate_qparams()
     axis, low, high = int(observer.ch_axis), int(observer.quant_min), int(observer.quant_max)
@@ -109,7 +105,7 @@ def correct_biases(prepared: torch.fx.GraphModule, converted: torch.fx.GraphModu
                 continue
             groups = int(node.args[6]) if aten_name(node) != "linear" and len(node.args) > 6 else 1
             shift = _shift(error, means[name], groups).float()
-            bias = _attribute(converted, kernels[name])
+            bias = constant(converted, kernels[name])
             if bias.shape != shift.shape:
                 continue
             bias.sub_(sign * shift)

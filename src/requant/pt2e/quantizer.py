@@ -50,7 +50,16 @@ from requant.targets.constraints import MIN_STEPS
 from requant.targets.xnnpack import XNNPACK_OPS, XnnpackOp
 from requant.types import storage_bounds
 
-__all__ = ["KEY", "RequantQuantizer", "annotations_text", "aten_name", "look_at_outputs", "probe_ranges"]
+__all__ = [
+    "KEY",
+    "RequantQuantizer",
+    "annotations_text",
+    "aten_name",
+    "folded_activation",
+    "look_at_outputs",
+    "probe_ranges",
+    "role",
+]
 
 KEY = "quantization_annotation"
 FOLDED = ("activation",)  # what a kernel or a binary op folds after it
@@ -60,6 +69,18 @@ def aten_name(node: Node) -> str | None:
     """The op's overload packet name (``conv2d`` for ``aten.conv2d.default``), or None."""
     packet = getattr(node.target, "overloadpacket", None)
     return getattr(packet, "__name__", None) if node.op == "call_function" else None
+
+
+def role(node: Node) -> str | None:
+    """The node's role in the XNNPACK table (:data:`~requant.targets.xnnpack.ROLES`), or None."""
+    row = XNNPACK_OPS.get(aten_name(node) or "")
+    return row.role if row is not None else None
+
+
+def folded_activation(node: Node) -> Node | None:
+    """The activation folded into ``node``: its only reader, when that is an activation."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 and role(users[0]) == "activation" else None
 
 
 @dataclass
@@ -206,12 +227,8 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
 
     def folded(self, node: Node) -> Node:
         """The last node of ``node`` and the activation it folds (its only reader), or ``node``."""
-        users = list(node.users)
-        if len(users) == 1:
-            row = XNNPACK_OPS.get(aten_name(users[0]) or "")
-            if row is not None and row.role in FOLDED and KEY not in users[0].meta:
-                return users[0]
-        return node
+        after = folded_activation(node)
+        return after if after is not None and KEY not in after.meta else node
 
     def write(self, first: Node, inputs: dict[Node, Any], output: Any) -> None:
         """Annotate ``first`` with ``inputs`` and the folded node after it with ``output``."""

@@ -28,6 +28,7 @@ from torch.fx import GraphModule, Node
 
 from requant.calibration.moments import MAX_REDUCTION, InputMoments, Patches
 from requant.encoding.rounding import output_error, round_rows, round_rows_each
+from requant.encoding.weight_encoding import energy_db
 from requant.pt2e.equalize import constant, per_channel_weight, replace_constant
 from requant.pt2e.quantizer import aten_name
 
@@ -109,10 +110,6 @@ def _weight(rows: np.ndarray, shape: tuple[int, ...], depthwise: bool) -> torch.
     return torch.from_numpy(np.ascontiguousarray(array)).float()
 
 
-def _sqnr(signal: float, noise: float) -> float:
-    return float(10 * np.log10(signal / noise)) if noise > 0 and signal > 0 else float("inf")
-
-
 def _round_one(prepared: GraphModule, entry: Watched) -> dict[str, Any] | None:
     """Round one watched conv's weight against its inputs; its record, or None when nearest stays."""
     h = entry.moments.total
@@ -133,8 +130,8 @@ def _round_one(prepared: GraphModule, entry: Watched) -> dict[str, Any] | None:
     scales = scale.double().numpy()[:, None]
     replace_constant(prepared, target, _weight(q * scales, tuple(float_weight.shape), depthwise))
     signal = output_error(units, np.zeros_like(units), h)
-    return {"node": entry.node.name, "moved": int((q != nearest).sum()),
-            "nearest_output_sqnr_db": _sqnr(signal, before), "output_sqnr_db": _sqnr(signal, after)}  # fmt: skip
+    return {"node": entry.node.name, "moved": int((q != nearest).sum()), "nearest_output_sqnr_db":
+            energy_db(signal, before), "output_sqnr_db": energy_db(signal, after)}  # fmt: skip
 
 
 def round_weights(prepared: GraphModule, watched: dict[str, Watched]) -> dict[str, Any]:

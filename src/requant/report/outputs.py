@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DECISION", "MIN_DECISIONS", "POOR_DB", "POOR_FLIPS", "compare_outputs", "poor_parts"]
+__all__ = ["DECISION", "MIN_DECISIONS", "POOR_DB", "POOR_FLIPS", "compare_outputs", "poor_parts", "sqnr"]
 
 Array = npt.NDArray[Any]
 
@@ -33,7 +33,8 @@ POOR_FLIPS = 0.2  # more than this share of a score part's decisions changed: po
 MIN_DECISIONS = 20  # fewer decisions in float on the samples: their share says too little
 
 
-def _sqnr(f: Array, q: Array) -> float:
+def sqnr(f: Array, q: Array) -> float:
+    """The SQNR of ``q`` against ``f`` (dB; inf when they are equal)."""
     f64, q64 = f.astype(np.float64), q.astype(np.float64)
     noise = float(np.sum((f64 - q64) ** 2))
     return float(10 * np.log10(float(np.sum(f64**2)) / noise)) if noise > 0 else float("inf")
@@ -70,7 +71,7 @@ def compare_outputs(
             pf = np.concatenate([np.asarray(sample[o])[index].reshape(-1) for sample in floats])
             pq = np.concatenate([np.asarray(sample[o])[index].reshape(-1) for sample in ints])
             kind = "scores" if pf.size and np.isfinite(pf).all() and pf.min() >= 0 and pf.max() <= 1 else "values"
-            part: dict[str, Any] = {"output": name, "part": kind, "sqnr_db": round(_sqnr(pf, pq), 2)}
+            part: dict[str, Any] = {"output": name, "part": kind, "sqnr_db": round(sqnr(pf, pq), 2)}
             if joined:
                 part["joins"] = joined
             if kind == "scores":

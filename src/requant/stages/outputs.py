@@ -28,7 +28,7 @@ from requant.runtime import exact_twin
 from requant.stages.choose import CHOICE_SAMPLES
 from requant.stages.run import Flow, Run
 
-__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs", "worse"]
+__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs", "remedy_record", "worse"]
 
 log = logging.getLogger("requant")
 
@@ -107,6 +107,12 @@ def _skip_conversions(node: ir.Node | None) -> ir.Node | None:
     return node
 
 
+def remedy_record(parts: list[dict[str, Any]], region: list[str], tried: list[dict[str, Any]]) -> dict[str, Any]:
+    """What keeping ``region`` float did: the parts it gave (``tried``), and whether it is kept (closer to
+    float than ``parts``)."""
+    return {"kept_float": region, "parts": tried, "kept": worse(tried) < worse(parts)}
+
+
 def worse(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
     """How far from float: poor parts, then the score parts' changed decisions, then the worst SQNR."""
     flipped = sum(p.get("flipped", 0.0) for p in parts)
@@ -130,9 +136,8 @@ def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, A
         log.warning("%s; keeping the %d ops feeding it float and quantizing again", describe(poor[0]), len(region))
         other = flow.again(run, region)
         tried = _measure(other, samples, floats, splits)
-        better = worse(tried) < worse(parts)
-        record["remedy"] = {"kept_float": region, "parts": tried, "kept": better}
-        if better:
+        record["remedy"] = remedy_record(parts, region, tried)
+        if record["remedy"]["kept"]:
             run, poor = other, poor_parts(tried)
             flow.kept_float += region
     record["poor"] = [describe(p) for p in poor]

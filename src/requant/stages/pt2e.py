@@ -73,6 +73,9 @@ class Exported:
     program: Any
     names: list[str]
     signature: ir.Model
+    # the float model's ranges by node (the join rule's) and its depthwise inputs' channel maxima on the first
+    # calibration samples: one probe serves every quantization of the program (remedies, budget tries)
+    probed: tuple[dict[str, tuple[float, float]], dict[str, Any]] | None = None
 
     @property
     def module(self) -> Any:
@@ -175,9 +178,11 @@ def _prepared(exported: Exported, quantizer: Any, first: list[Any], options: Opt
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     module = exported.module
-    probes = [tuple(contiguous(s[n]) for n in exported.names) for s in first[:PROBE_SAMPLES]]
-    maxima, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
-    quantizer.ranges = probe_ranges(module, probes, look)
+    if exported.probed is None:
+        probes = [tuple(contiguous(s[n]) for n in exported.names) for s in first[:PROBE_SAMPLES]]
+        maxima, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
+        exported.probed = (probe_ranges(module, probes, look), maxima)
+    quantizer.ranges, maxima = exported.probed
     prepared = prepare_pt2e(module, quantizer)
     if not options.equalization:
         return prepared, {"enabled": False, "not_applied": "turned off", "chains": []}

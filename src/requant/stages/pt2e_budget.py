@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from requant.pt2e.equalize import unscaled
-from requant.pt2e.quantizer import aten_name, look_at_outputs
+from requant.pt2e.quantizer import folded_activation, look_at_outputs, role
 from requant.report.agreement import Reference, agreement
 from requant.report.budget import FAMILIES, BudgetError, choose_metric, describe, drop, fewest_of
 from requant.stages.pte_bisect import cut_point, float_name, written_by
-from requant.targets.xnnpack import XNNPACK_OPS
 
 if TYPE_CHECKING:
     from requant.calibration.samples import Samples
@@ -52,13 +51,10 @@ def _kernels(converted: Any) -> list[tuple[str, str, str]]:
     input is read from, its output's cut)."""
     found = []
     for node in converted.graph.nodes:
-        row = XNNPACK_OPS.get(aten_name(node) or "")
-        x = node.args[0] if row is not None and row.role in ("kernel", "binary") and node.args else None
+        x = node.args[0] if role(node) in ("kernel", "binary") and node.args else None
         if x is None or "dequantize" not in str(getattr(x, "target", "")):
             continue
-        last = node if len(node.users) != 1 else next(iter(node.users))
-        folded = XNNPACK_OPS.get(aten_name(last) or "")
-        cut = cut_point(last if folded is not None and folded.role == "activation" else node)
+        cut = cut_point(folded_activation(node) or node)
         if cut is not None:
             found.append((node.name, x.name, cut))
     return found

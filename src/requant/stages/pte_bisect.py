@@ -20,18 +20,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from requant.pt2e.equalize import unscaled
-from requant.pt2e.quantizer import aten_name, look_at_outputs
-from requant.targets.xnnpack import XNNPACK_OPS
+from requant.pt2e.quantizer import aten_name, folded_activation, look_at_outputs, role
+from requant.report.outputs import sqnr
 
 if TYPE_CHECKING:
     from requant.stages.pt2e import Exported
 
 __all__ = ["cut_point", "departing_op", "float_name", "written_by"]
-
-
-def _sqnr(f: np.ndarray, q: np.ndarray) -> float:
-    noise = float(((f.astype(np.float64) - q) ** 2).sum())
-    return float(10 * np.log10(float((f.astype(np.float64) ** 2).sum()) / noise)) if noise > 0 else float("inf")
 
 
 def _cut(module: Any, name: str) -> Any:
@@ -79,16 +74,14 @@ def cut_point(node: Any) -> str | None:
     quantize = next((u for u in users if "quantize_per_tensor" in str(u.target)), None)
     if quantize is not None:
         return next((u.name for u in quantize.users if "dequantize" in str(u.target)), None)
-    folded = len(users) == 1 and XNNPACK_OPS.get(aten_name(users[0]) or "")
     tensor = node.meta.get("val")
-    return None if (folded and folded.role == "activation") or not hasattr(tensor, "dtype") else node.name
+    return None if folded_activation(node) is not None or not hasattr(tensor, "dtype") else node.name
 
 
 def _named(op: Any) -> tuple[str, str]:
     """The op's name and ATen op, an activation named by the kernel or binary op it is folded into."""
     before: Any = op.args[0] if op.args else None
-    row = XNNPACK_OPS.get(aten_name(op) or "")
-    if row is not None and row.role == "activation" and hasattr(before, "users") and len(before.users) == 1:
+    if role(op) == "activation" and hasattr(before, "users") and len(before.users) == 1:
         return before.name, f"{aten_name(before)} with {aten_name(op)} {op.name} folded"
     return op.name, str(aten_name(op))
 
@@ -114,7 +107,7 @@ def _departs(exported: Exported, converted: Any, name: str, at: str, samples: Se
     written = written_by(converted, at)  # equalization scaled its channels: divided out to compare with float
     p = np.concatenate([unscaled(converted, written, program.run(None, s)[0]).reshape(-1) for s in samples])
     q = np.concatenate([unscaled(converted, written, pte.run(None, s)[0]).reshape(-1) for s in samples])
-    program_db, pte_db = _sqnr(f, p), _sqnr(f, q)
+    program_db, pte_db = sqnr(f, p), sqnr(f, q)
     from requant.stages.pte import same
 
     return not same(pte_db, program_db), pte_db, program_db
@@ -127,7 +120,7 @@ def departing_op(
     float as lowered and as the program computes it; None when no prefix departs (the departure is
     then in what follows the last op: the program's outputs)."""
     in_float = {n.name for n in exported.module.graph.nodes}
-    ops = [n for n in converted.graph.nodes if aten_name(n) in XNNPACK_OPS and n.name in in_float]
+    ops = [n for n in converted.graph.nodes if role(n) is not None and n.name in in_float]
     cuts = [(n, at) for n in ops if (at := cut_point(n)) is not None]
     low, high, found = 0, len(cuts) - 1, None
     while low <= high:

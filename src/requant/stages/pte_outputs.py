@@ -19,9 +19,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from requant.pt2e.quantizer import role
 from requant.report.outputs import Split, compare_outputs, describe, poor_parts
-from requant.stages.outputs import MAX_REGION, worse
-from requant.targets.xnnpack import XNNPACK_OPS
+from requant.stages.outputs import MAX_REGION, remedy_record
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -70,37 +70,17 @@ def feeding(program: Any, outputs: set[str]) -> list[str]:
     for node in output_nodes(program):
         if node.name not in outputs or node.op != "call_function":
             continue
-        if _is_kernel(node):
+        if role(node) == "kernel":
             region[node.name] = None
             continue
         stack = [node]
         while stack and len(region) < MAX_REGION:
             current = stack.pop()
-            if current.op != "call_function" or current.name in region or _is_kernel(current):
+            if current.op != "call_function" or current.name in region or role(current) == "kernel":
                 continue
             region[current.name] = None
             stack += [a for a in current.all_input_nodes if a.op == "call_function"]
     return list(region)
-
-
-def _is_kernel(node: Node) -> bool:
-    row = XNNPACK_OPS.get(getattr(getattr(node.target, "overloadpacket", None), "__name__", ""))
-    return row is not None and row.role == "kernel"
-
-
-def record(samples: int, held_out: bool, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``outputs`` section before any remedy."""
-    return {"samples": samples, "held_out": held_out, "parts": parts, "poor": [describe(p) for p in poor_parts(parts)]}
-
-
-def remedied(found: dict[str, Any], region: list[str], tried: list[dict[str, Any]]) -> bool:
-    """Record the remedy tried (``region`` kept float gave ``tried``) in ``found``; whether it is kept."""
-    better = worse(tried) < worse(found["parts"])
-    found["remedy"] = {"kept_float": region, "parts": tried, "kept": better}
-    if better:
-        found["poor"] = [describe(p) for p in poor_parts(tried)]
-    log.warning("the %d ops feeding it kept float: %s", len(region), "closer, kept" if better else "no closer")
-    return better
 
 
 def check_outputs(
@@ -114,16 +94,20 @@ def check_outputs(
     compared = samples.head(exported.signature, held or CHOICE_SAMPLES)
     floats = [exported.float_session.run(None, s) for s in compared]
     parts = measure(exported, PteSession(run.lowered.pte, exported.names), compared, floats)
-    found = record(len(compared), bool(held), parts)
+    found: dict[str, Any] = {"samples": len(compared), "held_out": bool(held), "parts": parts}
     poor = poor_parts(parts)
     region = feeding(exported.program, {p["output"] for p in poor}) if poor else []
-    if not region:
-        return run, {"outputs": found}
-    log.warning("%s; keeping the %d ops feeding it float and quantizing again", describe(poor[0]), len(region))
-    why = {n: "it feeds an output far from float (the outputs' remedy)" for n in region}
-    other = quantize_once(exported, samples, options, why, run.choice.get("chosen"))
-    tried = measure(exported, PteSession(other.lowered.pte, exported.names), compared, floats)
-    if remedied(found, region, tried):
-        other.records["method_choice"] = run.choice
-        return other, {"outputs": found}
+    if region:
+        log.warning("%s; keeping the %d ops feeding it float and quantizing again", describe(poor[0]), len(region))
+        why = {n: "it feeds an output far from float (the outputs' remedy)" for n in region}
+        other = quantize_once(exported, samples, options, why, run.choice.get("chosen"))
+        tried = measure(exported, PteSession(other.lowered.pte, exported.names), compared, floats)
+        found["remedy"] = remedy_record(parts, region, tried)
+        log.warning(
+            "the %d ops feeding it kept float: %s", len(region), "closer" if found["remedy"]["kept"] else "no closer"
+        )
+        if found["remedy"]["kept"]:
+            other.records["method_choice"] = run.choice
+            run, poor = other, poor_parts(tried)
+    found["poor"] = [describe(p) for p in poor]
     return run, {"outputs": found}
