@@ -144,25 +144,15 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
         self.preset_why = f"linear layers: {linear}, convolutions: {convs}; {kind}"
         return self.preset
 
-    def config_of(self, model: torch.fx.GraphModule) -> Callable[[Node], QuantizationConfig | None]:
-        """The config requant's selections give each node of ``model`` (None: no row, or no selection)."""
-        selections = self.quantizer.selections(self.choose_preset(model))
-
-        def config(node: Node) -> QuantizationConfig | None:
-            row = XNNPACK_OPS.get(aten_name(node) or "")
-            view = NodeView.of(node, row) if row is not None else None
-            return next((c for finder, c in selections if finder.matches(view)), None) if view else None  # type: ignore[arg-type]
-
-        return config
-
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        config_of = self.config_of(model)
+        selections = self.quantizer.selections(self.choose_preset(model))
         self.records, self._quantized = [], set()
         for node in model.graph.nodes:
             row = XNNPACK_OPS.get(aten_name(node) or "")
             if row is None or KEY in node.meta or row.role in FOLDED:
                 continue
-            config = config_of(node)
+            view = NodeView.of(node, row)
+            config = next((c for finder, c in selections if finder.matches(view)), None)  # type: ignore[arg-type]
             why: str | None
             if node.name in self.keep_float:
                 why = f"float: {self.keep_float[node.name]}"
