@@ -185,7 +185,7 @@ activations = "float"
         ('keep_float_below = "high"', "run.toml: keep_float_below must be a finite number of dB"),
         (
             'smoothing = "yes"',
-            "run.toml: smoothing must be an alpha in [0, 1] (0 or None: off; default 0.8); got 'yes' (str)",
+            "run.toml: smoothing must be an alpha in [0, 1] (0 or None: off; default 0.8, 0.5 on executorch-xnnpack); got 'yes' (str)",
         ),
         ("calib = [", "is not valid TOML"),
         ('preset = "INT9"', "preset: unknown preset 'INT9'; known: A16W8"),

@@ -109,6 +109,33 @@ def test_a_linear_model_gets_dynamic_linear_layers_close_to_float() -> None:
     assert report["evaluation"]["cosine_similarity"] > 0.999, report["evaluation"]
 
 
+def test_smoothing_brings_a_post_norm_block_closer_to_float_at_the_targets_alpha() -> None:
+    """The target's default alpha is 0.5 (0.8 on ONNX targets unless given); with it, the .pte of a block whose
+    LayerNorm output has outlier channels is closer to float on held-out inputs than without smoothing (measured
+    43.7 against 40.5 dB)."""
+    from requant.report.outputs import sqnr
+    from tests.models.pt2e_cases import make_post_norm_block
+
+    assert Options.create(target=TARGET).smoothing == 0.5 and Options.create().smoothing == 0.8
+    assert Options.create(target=TARGET, smoothing=0.8).smoothing == 0.8
+    net = make_post_norm_block()
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.normal(size=(1, 6, 16)).astype(np.float32)} for _ in range(96)]
+    example = (torch.from_numpy(data[0]["x"]),)
+    expected = np.concatenate([net(torch.from_numpy(d["x"])).detach().numpy() for d in data[64:]])
+    db, summaries = {}, {}
+    for alpha in (None, 0.0):
+        given = {} if alpha is None else {"smoothing": alpha}
+        result = requant.quantize(net, data[:64], target=TARGET, example_inputs=example, measure=False, **given)
+        pte = PteSession(result.pte or b"", ["x"])
+        db[alpha] = sqnr(expected, np.concatenate([pte.run(None, d)[0] for d in data[64:]]))
+        smoothed = [r["input"] for r in result.report["smoothing"]["inputs"] if r["applied"]]
+        assert smoothed == ([] if alpha == 0.0 else ["layer_norm", "add"]), result.report["smoothing"]
+        summaries[alpha] = result.report["summary"]
+    assert "smoothing (alpha 0.5): 2 linear-layer inputs" in summaries[None] and "smoothing" not in summaries[0.0]
+    assert db[None] > db[0.0] + 1.5, db
+
+
 def test_a_pte_far_from_its_program_is_refused() -> None:
     """A .pte that computes other numbers than the program it was lowered from (here: lowered from the same
     network with other weights) is refused, with the figures, and nothing is written."""

@@ -158,9 +158,10 @@ OPTIONS: tuple[Option, ...] = (
            "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
            flag="--metric", key="metric", choices=lambda: METRICS),
     Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
-           f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA})",
+           f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA}, 0.5 on executorch-xnnpack)",
            f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "
-           f"convolutions (default {DEFAULT_ALPHA}; 0: off): outlier channels move into the weights",
+           f"convolutions (default {DEFAULT_ALPHA}, 0.5 on executorch-xnnpack; 0: off): outlier channels move "
+           "into the weights",
            flag="--smoothing", key="smoothing", metavar="ALPHA", parse=float),
     Option("equalization", True, _is_bool, "True or False",
            "leave depthwise convolutions' inputs as they are (default: scale their small channels up "
@@ -224,6 +225,8 @@ class Options:
             raise ArgumentError(f"{where}unknown option {', '.join(map(repr, unknown))}; known: {', '.join(BY_NAME)}")
         values = {name: BY_NAME[name].checked(value, where) for name, value in given.items()}
         options = cls(**values)
+        if "smoothing" not in given:  # the target's default alpha
+            options = _replace(options, smoothing=options.chosen_target.smoothing_alpha)
         options._together()
         return options._resolved()
 

@@ -96,3 +96,25 @@ def make_depthwise_block(pad: bool = False) -> Any:
 
     torch.manual_seed(0)
     return Block().eval()
+
+
+def make_post_norm_block() -> Any:
+    """A post-LN transformer block in small: a LayerNorm whose output (three channels 20x the others) feeds two
+    linear layers and the residual sum, a gated product, a linear head: what smoothing meets in a BERT."""
+    import torch
+    from torch import nn
+
+    class PostNormBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.norm = nn.Linear(16, 32), nn.LayerNorm(32)
+            self.q, self.k, self.out = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+            with torch.no_grad():
+                self.norm.weight[:3] = 20.0
+
+        def forward(self, x: Any) -> Any:
+            h = self.norm(self.inp(x))
+            return self.out(self.q(h) * torch.sigmoid(self.k(h)) + h)
+
+    torch.manual_seed(0)
+    return PostNormBlock().eval()

@@ -45,7 +45,9 @@ __all__ = [
     "unscaled",
 ]
 
-FACTORS = "requant.channel_factors"  # a prepared (and converted) module's meta: node name -> its channels' factors
+# a prepared (and converted) module's meta: node name -> its channels' factors against float, shaped to divide its
+# value by (equalization's on axis 1 of a conv's output; smoothing's on the last axis of a linear layer's input)
+FACTORS = "requant.channel_factors"
 
 _FROM_ZERO = ("hardtanh", "hardtanh_", "clamp")  # an activation through which scaling passes when its floor is 0
 
@@ -172,9 +174,9 @@ def _scale(module: GraphModule, target: str, factors: torch.Tensor) -> None:
 
 def unscaled(module: GraphModule, name: str, value: np.ndarray) -> np.ndarray:
     """``value``, the node ``name``'s output in ``module`` (prepared or converted), with the channel factors
-    equalization scaled it by divided out (axis 1): what the float model computes there."""
+    equalization or smoothing scaled it by divided out: what the float model computes there."""
     factors = module.meta.get(FACTORS, {}).get(name)
-    return value if factors is None else value / factors.reshape((1, -1) + (1,) * (value.ndim - 2))
+    return value if factors is None else value / factors
 
 
 def equalize(prepared: GraphModule, chains: list[Chain], maxima: dict[str, torch.Tensor]) -> list[Equalized]:
@@ -203,7 +205,7 @@ def equalize(prepared: GraphModule, chains: list[Chain], maxima: dict[str, torch
                 _scale(prepared, str(constant.target), f)
         for value in (chain.conv, chain.activation):
             if value is not None:
-                scaled_values[value.name] = s
+                scaled_values[value.name] = s.reshape(1, -1, 1, 1)  # a conv2d's output: channels on axis 1
         records.append(Equalized(*names, source.name, int(m.size), int((s > 1).sum()), float(s.max()),
                                  channel_spread(m), channel_spread(m * s)))  # fmt: skip
     return records

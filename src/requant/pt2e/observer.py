@@ -18,14 +18,14 @@ import torch
 from torchao.quantization.pt2e import ObserverBase
 
 from requant.calibration.observers import CalibrationError, HistogramObserver, Observer, make_observer
-from requant.ir.requests import QuantizationSpec
+from requant.ir.requests import FixedSpec, QuantizationSpec
 
 __all__ = ["RequantObserver", "RequantPerChannelObserver", "torch_dtype"]
 
 _TORCH_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "uint16": torch.uint16}
 
 
-def torch_dtype(spec: QuantizationSpec) -> torch.dtype:
+def torch_dtype(spec: QuantizationSpec | FixedSpec) -> torch.dtype:
     """The torch dtype of a spec's storage; an error for one PT2E has no quantize op for."""
     found = _TORCH_DTYPES.get(spec.dtype)
     if found is None:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch.fx import Node
 from torchao.quantization.pt2e import PlaceholderObserver
 from torchao.quantization.pt2e.quantizer import (
+    FixedQParamsQuantizationSpec,
     QuantizationAnnotation,
     SharedQuantizationSpec,
 )
@@ -42,7 +43,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec as TorchSpec
 from torchao.quantization.pt2e.quantizer import Quantizer as TorchQuantizer
 
 from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY
-from requant.ir.requests import QuantizationSpec
+from requant.ir.requests import DTYPES, FixedSpec, QuantizationSpec
 from requant.pt2e.observer import RequantObserver, RequantPerChannelObserver, torch_dtype
 from requant.quantizers import Quantizer
 from requant.quantizers.config import QuantizationConfig
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 KEY = "quantization_annotation"
+AnySpec: TypeAlias = TorchSpec | FixedQParamsQuantizationSpec  # what a requant request becomes
 FOLDED = ("activation",)  # what a kernel or a binary op folds after it
 
 
@@ -121,7 +123,9 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
         self.keep_float = dict(keep_float or {})  # nodes left float whatever a selection says (remedies, budget)
         self.preset, self.preset_why = presets[0], ""
         self.records: list[dict[str, str]] = []
-        self._specs: dict[tuple[QuantizationSpec, int | None], TorchSpec] = {}
+        self._specs: dict[
+            tuple[QuantizationSpec | FixedSpec, int | None], TorchSpec | FixedQParamsQuantizationSpec
+        ] = {}
         self._quantized: set[Node] = set()
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -166,19 +170,24 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
         return None
 
     # --------------------------------------------------------------------- specs
-    def spec(self, request: Any, axis: int | None = None) -> TorchSpec | None:
+    def spec(self, request: Any, axis: int | None = None) -> AnySpec | None:
         """The PT2E spec of a requant request (None for none or float); one object per request, so
         that the same request on a value's writer and reader shares one observer."""
-        if not isinstance(request, QuantizationSpec):
-            return None
-        if axis is not None and request.granularity == "per_axis":
+        if isinstance(request, QuantizationSpec) and axis is not None and request.granularity == "per_axis":
             request = dataclasses.replace(request, axis=axis)
+        elif not isinstance(request, (QuantizationSpec, FixedSpec)):
+            return None
         key = (request, axis)
         if key not in self._specs:
             self._specs[key] = self._torch_spec(request)
         return self._specs[key]
 
-    def _torch_spec(self, request: QuantizationSpec) -> TorchSpec:
+    def _torch_spec(self, request: QuantizationSpec | FixedSpec) -> AnySpec:
+        if isinstance(request, FixedSpec):  # its parameters given (a sigmoid's output, say): nothing observed
+            low, high = storage_bounds(DTYPES[request.dtype])
+            return FixedQParamsQuantizationSpec(dtype=torch_dtype(request), scale=request.scale,
+                                                zero_point=request.zero_point, quant_min=low, quant_max=high,
+                                                qscheme=torch.per_tensor_affine)  # fmt: skip
         if request.dynamic:  # computed at run time from each input: what XNNPACKQuantizer's dynamic config asks
             low, high = storage_bounds(request.storage)
             placeholder = PlaceholderObserver.with_args(eps=2**-12)
@@ -304,6 +313,8 @@ def _spec_text(spec: Any) -> str:
         return f"shares {shared[0].name}->{shared[1].name}" if isinstance(shared, tuple) else f"shares {shared.name}"
     if getattr(spec, "is_dynamic", False):
         return f"{spec.dtype} computed per call (dynamic)"
+    if isinstance(spec, FixedQParamsQuantizationSpec):
+        return f"{spec.dtype} fixed: scale {spec.scale!r}, zero point {spec.zero_point}"
     request = spec.observer_or_fake_quant_ctr.p.keywords.get("spec")
     return str(request) if request is not None else str(spec)
 

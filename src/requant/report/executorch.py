@@ -27,8 +27,6 @@ def executorch_tables(report: Mapping[str, Any]) -> list[Table]:
          f"{against['pte_sqnr_db']:.1f} dB, top-1 {against['pte_top1']:.3f} ({against['samples']} samples)"),
         ("its program against float", f"{against['program_sqnr_db']:.1f} dB, top-1 {against['program_top1']:.3f}"),
     ]  # fmt: skip
-    if section.get("not_applied"):
-        figures.append(("not applied on this target yet", ", ".join(section["not_applied"])))
     tables: list[Table] = [("ExecuTorch program", ("figure", "value"), figures)]
     delegated: list[tuple[Any, ...]] = [(op, n) for op, n in section["delegated"].items()]
     tables.append(("Ops inside XNNPACK delegates", ("op", "count"), delegated))

@@ -47,13 +47,24 @@ from requant.errors import RequantError
 from requant.frontends import LoadError
 from requant.options import Options
 from requant.pt2e.bias import correct_biases, static_kernels
-from requant.pt2e.equalize import channel_maxima, depthwise_chains, depthwise_inputs, equalize
-from requant.pt2e.quantizer import RequantQuantizer, probe_ranges
+from requant.pt2e.equalize import FACTORS, channel_maxima, depthwise_chains, depthwise_inputs, equalize
+from requant.pt2e.quantizer import RequantQuantizer, look_at_outputs, probe_ranges
 from requant.pt2e.rounding import round_weights, watch_inputs
+from requant.pt2e.smooth import SMOOTHING_SAMPLES, input_maxima, linear_groups, smooth
 from requant.report.agreement import Reference
+from requant.stages.transform import OFF, smoothing_section
 from requant.transforms.equalization import MAX_SCALE, Equalized
 
-__all__ = ["AUTO_METHODS", "Exported", "Quantized", "calibrate", "export_program", "quantize_once", "signature"]
+__all__ = [
+    "AUTO_METHODS",
+    "Exported",
+    "Probe",
+    "Quantized",
+    "calibrate",
+    "export_program",
+    "quantize_once",
+    "signature",
+]
 
 # one pass gathers them all (one histogram serves the last three), so trying each costs a conversion and a
 # run of the compared samples. mean_minmax is not among them: the worst KL on MobileNetV2 and
@@ -62,6 +73,16 @@ AUTO_METHODS = ("minmax", "percentile", "mse", "entropy")
 CHOICE_SAMPLES = 32  # held out for the choice when there are at least 4 times as many
 BIAS_SAMPLES = 16  # calibration samples whose float input means bias correction reads
 PROBE_SAMPLES = 8  # the float model's ranges the quantizer's join rule reads (requant.pt2e.quantizer)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The float model on the first calibration samples: its ranges by node (the join rule's), and the
+    channel maxima of its depthwise convs' inputs (equalization's) and of its linear layers' (smoothing's)."""
+
+    ranges: dict[str, tuple[float, float]]
+    depthwise: dict[str, Any]
+    linear: dict[str, Any]
 
 
 @dataclass
@@ -73,9 +94,9 @@ class Exported:
     program: Any
     names: list[str]
     signature: ir.Model
-    # the float model's ranges by node (the join rule's) and its depthwise inputs' channel maxima on the first
-    # calibration samples: one probe serves every quantization of the program (remedies, budget tries)
-    probed: tuple[dict[str, tuple[float, float]], dict[str, Any]] | None = None
+    # what the float model showed on the first calibration samples: one probe serves every quantization of the
+    # program (remedies, budget tries)
+    probed: Probe | None = None
 
     @property
     def module(self) -> Any:
@@ -172,25 +193,43 @@ def _feed(module: Any, names: list[str], sample: dict[str, Any]) -> None:
     module(*[contiguous(sample[n]) for n in names])
 
 
+def _probe(exported: Exported, module: Any, first: list[Any], options: Options) -> Probe:
+    """What the float ``module`` shows on the ``first`` calibration samples (:class:`Probe`)."""
+
+    def args(head: list[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(contiguous(s[n]) for n in exported.names) for s in head]
+
+    depthwise, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
+    ranges = probe_ranges(module, args(first[:PROBE_SAMPLES]), look)
+    groups, _ = linear_groups(module) if options.smoothing else ({}, None)
+    linear, look = input_maxima(groups)
+    if groups:
+        look_at_outputs(module, args(first[:SMOOTHING_SAMPLES]), look)
+    return Probe(ranges, depthwise, linear)
+
+
 def _prepared(exported: Exported, quantizer: Any, first: list[Any], options: Options) -> tuple[Any, dict[str, Any]]:
-    """The float module probed (the join rule's ranges; the depthwise convs' input channel maxima),
-    annotated, prepared and equalized (:mod:`requant.pt2e.equalize`); the ``equalization`` record."""
+    """The float module probed (:func:`_probe`), smoothed (:mod:`requant.pt2e.smooth`: its ``mul`` nodes kept
+    float), annotated, prepared and equalized (:mod:`requant.pt2e.equalize`); the ``smoothing`` and
+    ``equalization`` records."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     module = exported.module
-    if exported.probed is None:
-        probes = [tuple(contiguous(s[n]) for n in exported.names) for s in first[:PROBE_SAMPLES]]
-        maxima, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
-        exported.probed = (probe_ranges(module, probes, look), maxima)
-    quantizer.ranges, maxima = exported.probed
+    probe = exported.probed = exported.probed or _probe(exported, module, first, options)
+    quantizer.ranges = probe.ranges
+    smoothed, factors = smooth(module, probe.linear, options.smoothing) if options.smoothing else (OFF, {})
+    quantizer.keep_float.update({m: "smoothing scales its input per channel" for m in smoothed.muls})
+    records = smoothing_section(smoothed, options.smoothing)
     prepared = prepare_pt2e(module, quantizer)
+    prepared.meta.setdefault(FACTORS, {}).update(factors)
     if not options.equalization:
-        return prepared, {"enabled": False, "not_applied": "turned off", "chains": []}
+        return prepared, {**records, "equalization": {"enabled": False, "not_applied": "turned off", "chains": []}}
     chains, others = depthwise_chains(prepared)
-    records = [r.__dict__ for r in equalize(prepared, chains, maxima)]
-    records += [Equalized("", None, name, "", skipped=why).__dict__ for name, why in others]
+    done = [r.__dict__ for r in equalize(prepared, chains, probe.depthwise)]
+    done += [Equalized("", None, name, "", skipped=why).__dict__ for name, why in others]
     why = None if chains else "no convolution -> activation -> depthwise convolution chain"
-    return prepared, {"enabled": True, "max_scale": MAX_SCALE, "not_applied": why, "chains": records}
+    equalized = {"enabled": True, "max_scale": MAX_SCALE, "not_applied": why, "chains": done}
+    return prepared, {**records, "equalization": equalized}
 
 
 def calibrate(
@@ -205,7 +244,7 @@ def calibrate(
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     first = samples.head(exported.signature, 4 * CHOICE_SAMPLES)
-    prepared, equalization = _prepared(exported, quantizer, first, options)
+    prepared, evened = _prepared(exported, quantizer, first, options)
     held = CHOICE_SAMPLES if len(first) >= 4 * CHOICE_SAMPLES and options.method == "auto" else 0
     watched, unhook = watch_inputs(prepared)
     progress = options.progress or terminal_progress("calibrating")
@@ -217,7 +256,7 @@ def calibrate(
                 seen += 1
                 progress(seen, 0.0)
     unhook()
-    records: dict[str, Any] = {"equalization": equalization, "weight_rounding": round_weights(prepared, watched)}
+    records: dict[str, Any] = {**evened, "weight_rounding": round_weights(prepared, watched)}
     if options.method != "auto" or only:
         _use(prepared, only or str(options.method))
         reference = copy.deepcopy(prepared) if options.bias_correction else None  # convert consumes it

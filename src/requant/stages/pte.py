@@ -118,9 +118,7 @@ def check_pte(exported: Exported, converted: Any, lowered: Lowered, samples: Sam
     against = _against_program(exported, converted, pte, samples)
     if not against["same"]:
         raise _refusal(exported, converted, lowered, against, samples, example)
-    not_applied = ["smoothing"] if options.smoothing else []
-    report: dict[str, Any] = {"executorch": {**lowered.section(), "against_program": against,
-                                             "not_applied": not_applied}}  # fmt: skip
+    report: dict[str, Any] = {"executorch": {**lowered.section(), "against_program": against}}
     data: Any = evaluation
     reference = Reference(None, session=exported.float_session)
     if evaluation is None:  # the first calibration samples: float's outputs there are known
@@ -149,8 +147,6 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         f"the .pte against its program on {against['samples']} calibration samples: {against['pte_sqnr_db']:.1f} dB "
         f"from float, the program {against['program_sqnr_db']:.1f} dB (the same numbers, up to XNNPACK's rounding)",
         *_rounding_lines(report),
-        *([f"not applied on this target yet: {', '.join(section['not_applied'])} (docs/targets.md)"]
-          if section.get("not_applied") else []),
     ]  # fmt: skip
 
 

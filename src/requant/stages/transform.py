@@ -26,7 +26,7 @@ from requant.targets.registry import Target
 from requant.transforms.equalization import MAX_SCALE, Equalization, equalize_depthwise, unless_per_channel
 from requant.transforms.smoothing import Smoothing, smooth_linears
 
-__all__ = ["Evened", "Evening", "even_out", "lines", "section", "undo_per_tensor"]
+__all__ = ["OFF", "Evened", "Evening", "even_out", "lines", "section", "smoothing_section", "undo_per_tensor"]
 
 
 @dataclass
@@ -57,7 +57,8 @@ class Evened:
     equalization: Equalization
 
 
-NOTHING = Evened(Smoothing([], [], "off"), Equalization([], "off"))
+OFF = Smoothing([], [], "off")
+NOTHING = Evened(OFF, Equalization([], "off"))
 
 
 def even_out(
@@ -84,15 +85,17 @@ def undo_per_tensor(evened: Evened) -> Evened:
     return Evened(evened.smoothing, unless_per_channel(evened.equalization))
 
 
+def smoothing_section(smoothing: Smoothing, alpha: float | None) -> dict[str, Any]:
+    """The report's ``smoothing`` (both paths: :mod:`requant.pt2e.smooth` records the same)."""
+    inputs = [r.__dict__ for r in smoothing.inputs]
+    return {"smoothing": {"alpha": alpha or None, "not_applied": smoothing.not_applied, "inputs": inputs}}
+
+
 def section(evened: Evened, alpha: float | None, equalization: bool) -> dict[str, Any]:
     """The report's ``smoothing`` and ``equalization``."""
     equalized = evened.equalization
     return {
-        "smoothing": {
-            "alpha": alpha or None,
-            "not_applied": evened.smoothing.not_applied,
-            "inputs": [r.__dict__ for r in evened.smoothing.inputs],
-        },
+        **smoothing_section(evened.smoothing, alpha),
         "equalization": {
             "enabled": equalization,
             "max_scale": MAX_SCALE,

@@ -25,6 +25,7 @@ from requant.targets.onnxruntime_cpu import ONNXRUNTIME_CPU
 from requant.targets.table import SupportTable
 from requant.targets.tosa_int8 import TOSA_INT8, TOSA_INT32
 from requant.targets.xnnpack import XNNPACK_INT32, XNNPACK_TABLE
+from requant.transforms.smoothing import DEFAULT_ALPHA
 
 __all__ = ["DEFAULT_TARGET", "TARGETS", "Target", "UnknownTargetError", "get_target"]
 
@@ -55,6 +56,9 @@ class Target:
     # nothing computes in float on it: no op can be kept float (smoothing's Muls become rescales; the
     # remedies that keep ops float for accuracy or speed do not apply, and the report says so)
     integer_only: bool = False
+    # SmoothQuant's alpha when the smoothing option is not given (executorch-xnnpack: its linear inputs are
+    # quantized per call, per tensor, where 0.5 measured best; requant.pt2e.smooth)
+    smoothing_alpha: float = DEFAULT_ALPHA
 
     def __str__(self) -> str:
         return self.name
@@ -101,6 +105,7 @@ TARGETS: dict[str, Target] = {
             XNNPACK_INT32,
             ("INT8_FLOAT_BIAS", "INT8_DYNAMIC_LINEAR"),
             backend="executorch",
+            smoothing_alpha=0.5,
         ),
     )
 }

@@ -40,7 +40,16 @@ from requant.calibration.runner import Progress, collect
 from requant.ir.queries import constant, fresh_name, graph_values, weighted_layers
 from requant.passes._rewrite import new_initializer
 
-__all__ = ["DEFAULT_ALPHA", "FLOATS", "Smoothed", "Smoothing", "channel_spread", "linear_groups", "smooth_linears"]
+__all__ = [
+    "DEFAULT_ALPHA",
+    "FLOATS",
+    "Smoothed",
+    "Smoothing",
+    "channel_spread",
+    "linear_groups",
+    "smooth_linears",
+    "smoothing_factors",
+]
 
 DEFAULT_ALPHA = 0.8
 # An input that needs a float Mul is smoothed when its largest channel range is at least this many
@@ -133,6 +142,17 @@ def channel_spread(ranges: npt.NDArray[np.float64]) -> float:
     return float(ranges.max() / median) if median > 0 else math.inf
 
 
+def smoothing_factors(
+    act: npt.NDArray[np.float64], wmax: npt.NDArray[np.float64], alpha: float
+) -> npt.NDArray[np.float64]:
+    """``s_k = max|X_k| ** alpha / max|W_k| ** (1 - alpha)`` per input channel (1 where either is 0 or not
+    finite), in [1e-5, 1e5]."""
+    live = np.isfinite(act) & (act > 0) & (wmax > 0)
+    s = np.ones_like(act)
+    s[live] = np.clip(act[live] ** alpha / wmax[live] ** (1 - alpha), 1e-5, 1e5)
+    return s
+
+
 def smooth_linears(
     model: ir.Model,
     data: Any,
@@ -184,9 +204,7 @@ def smooth_linears(
             records.append(Smoothed(str(x.name), names, skipped=f"its last axis has {act.size} channels, "
                                     f"its weights {wmax.size}"))  # fmt: skip
             continue
-        live = np.isfinite(act) & (act > 0) & (wmax > 0)
-        s = np.ones_like(act)
-        s[live] = np.clip(act[live] ** alpha / wmax[live] ** (1 - alpha), 1e-5, 1e5)
+        s = smoothing_factors(act, wmax, alpha)
         finite = np.where(np.isfinite(act), act, 0.0)
         before, after = channel_spread(finite), channel_spread(finite / s)
         norm = _norm_parameters(x, linears, s)
