@@ -1,0 +1,82 @@
+"""GPTQ for block weights: each input's weights rounded in turn, their error spread onto the inputs not yet
+rounded, in proportion to how the layer's inputs correlate (Frantar et al., "GPTQ", 2022; the same error
+feedback as :mod:`requant.encoding.rounding`, with a scale per block instead of per row).
+
+``h`` is ``sum x x^T`` over the layer's calibration inputs (``[K, K]``), damped by ``DAMPING`` times the mean
+of its diagonal (an input never seen gets a diagonal of 1). The inputs are taken in one of two orders:
+
+- ``"natural"``: ``0, 1, ..., K - 1``; each block's scales are found when its first input is reached, from the
+  weights as the errors before it left them (GPTQ's group-wise quantization);
+- ``"activation"``: the inputs with the largest ``h`` diagonal first (GPTQ's ``act_order``); the blocks'
+  scales are then found first, from the original weights ("static groups": a block's inputs are reached at
+  scattered times).
+
+The updates are applied lazily, ``CHUNK`` inputs at a time (GPTQ's blocking: the same numbers, fewer passes
+over the weight).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.encoding.rounding import DAMPING, _upper_inverse_factor
+from requant.llm.blocks import Blocked, BlockFormat, block_scales
+
+__all__ = ["ORDERS", "damped", "gptq"]
+
+Array = npt.NDArray[Any]
+ORDERS = ("natural", "activation")
+CHUNK = 128
+
+
+def damped(h: Array, damping: float = DAMPING) -> Array:
+    """``h`` (float64 copy) with each never-seen input's diagonal set to 1 and ``damping`` times the mean
+    of the diagonal added."""
+    h = np.array(h, np.float64)
+    k = np.arange(h.shape[0])
+    diagonal = h[k, k]
+    diagonal[diagonal <= 0] = 1.0
+    h[k, k] = diagonal + damping * diagonal.mean()
+    return h
+
+
+def gptq(w: Array, h: Array, fmt: BlockFormat, order: str = "natural", damping: float = DAMPING) -> Blocked:
+    """``w`` (``[K, N]``) in blocks of ``fmt``, rounded by error feedback against inputs of second moments
+    ``h`` (``[K, K]``)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+    k, n = w.shape
+    size = fmt.blocks(k) * fmt.block_size
+    rows = np.zeros((n, size), np.float64)  # the weights being rounded, one row per output
+    rows[:, :k] = np.asarray(w, np.float64).T
+    hh = np.eye(size)  # the padding: an input never seen (its weights are 0 and stay so)
+    hh[:k, :k] = damped(h, damping)
+    perm = np.argsort(-np.diag(hh)[:k], kind="stable") if order == "activation" else np.arange(k)
+    perm = np.concatenate([perm, np.arange(k, size)])
+    u = _upper_inverse_factor(hh[np.ix_(perm, perm)])
+    scales = np.zeros((n, fmt.blocks(k)), np.float32)
+    zero_points = np.zeros((n, fmt.blocks(k)), np.uint8)
+    if order == "activation":
+        scales, zero_points = block_scales(rows.reshape(n, -1, fmt.block_size), fmt)
+    w_perm = rows[:, perm].copy()
+    codes = np.zeros((n, size), np.uint8)
+    for start in range(0, size, CHUNK):
+        stop = min(start + CHUNK, size)
+        errors = np.empty((n, stop - start))
+        for i in range(start, stop):
+            column = perm[i]
+            block = column // fmt.block_size
+            if order == "natural" and column % fmt.block_size == 0:  # the block's scales, as the errors left it
+                found = block_scales(w_perm[:, None, i : i + fmt.block_size], fmt)
+                scales[:, block], zero_points[:, block] = found[0][:, 0], found[1][:, 0]
+            s, z = scales[:, block].astype(np.float64), zero_points[:, block].astype(np.float64)
+            code = np.clip(np.rint(w_perm[:, i] / s) + z, 0, fmt.top)
+            codes[:, column] = code
+            error = (w_perm[:, i] - (code - z) * s) / u[i, i]
+            w_perm[:, i + 1 : stop] -= np.outer(error, u[i, i + 1 : stop])
+            errors[:, i - start] = error
+        w_perm[:, stop:] -= errors @ u[start:stop, stop:]
+    return Blocked(codes, scales, zero_points, k, fmt)

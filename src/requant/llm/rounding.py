@@ -1,0 +1,64 @@
+"""Each linear layer's rounding chosen by the error it leaves on the layer's own output.
+
+For a weight ``W`` (``[K, N]``) stored as ``W_q``, the layer's output error over its calibration inputs is
+``sum ||x (W_q - W)||^2 = trace(E^T H E)`` with ``E = W_q - W`` and ``H = sum x x^T``: no input is needed
+again once ``H`` is known. Each candidate is tried and the one with the least error kept; its SQNR (the
+output's energy ``trace(W^T H W)`` over that error) and every candidate's are the report's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from requant.llm.blocks import Blocked, BlockFormat, dequantize, round_to_nearest
+from requant.llm.gptq import gptq
+
+__all__ = ["METHODS", "output_error", "round_layer"]
+
+Array = npt.NDArray[Any]
+
+# nearest; GPTQ in the inputs' order; GPTQ with the inputs of the largest second moments first
+METHODS = ("nearest", "gptq", "gptq_activation_order")
+
+
+def output_error(w: Array, blocked: Blocked, h: Array) -> float:
+    """``trace(E^T H E)``: the squared error the stored weight adds to the layer's output, summed over the
+    inputs ``H`` was gathered from."""
+    e = dequantize(blocked).astype(np.float64) - np.asarray(w, np.float64)
+    return float(np.sum((np.asarray(h, np.float64) @ e) * e))
+
+
+def _db(signal: float, noise: float) -> float:
+    return 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf
+
+
+def _rounded(method: str, w: Array, h: Array, fmt: BlockFormat) -> Blocked:
+    if method == "nearest":
+        return round_to_nearest(w, fmt)
+    return gptq(w, h, fmt, order="activation" if method == "gptq_activation_order" else "natural")
+
+
+def round_layer(
+    w: Array, h: Array, fmt: BlockFormat, methods: tuple[str, ...] = METHODS
+) -> tuple[Blocked, dict[str, Any]]:
+    """``w`` in blocks of ``fmt`` by whichever of ``methods`` leaves the least output error on inputs of
+    second moments ``h``; the record: the method chosen and each one's output SQNR (dB)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"rounding methods are {', '.join(METHODS)}; got {list(methods)}")
+    wd = np.asarray(w, np.float64)
+    signal = float(np.sum((np.asarray(h, np.float64) @ wd) * wd))
+    best: tuple[float, str, Blocked] | None = None
+    scores: dict[str, float] = {}
+    for method in methods:
+        blocked = _rounded(method, w, h, fmt)
+        error = output_error(w, blocked, h)
+        scores[method] = _db(signal, error)
+        if best is None or error < best[0]:
+            best = (error, method, blocked)
+    assert best is not None
+    return best[2], {"chosen": best[1], "output_sqnr_db": scores}
