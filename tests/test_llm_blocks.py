@@ -8,8 +8,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
+from requant.encoding.rounding import damped
 from requant.llm.blocks import Blocked, BlockFormat, block_scales, dequantize, pack, round_to_nearest, unpack
-from requant.llm.gptq import damped, gptq
+from requant.llm.gptq import gptq
 
 
 def _matmul_nbits(x: np.ndarray, blocked: Blocked) -> np.ndarray:

@@ -59,7 +59,7 @@ def test_the_factor_is_the_upper_cholesky_factor_of_the_inverse() -> None:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(400, 60)) @ rng.normal(size=(60, 60))
     h = x.T @ x
-    u = rounding._upper_inverse_factor(h)
+    u = rounding.upper_inverse_factor(h)
     assert np.allclose(u, np.triu(u)) and (np.diag(u) > 0).all()
     assert np.allclose(u.T @ u, np.linalg.inv(h), rtol=1e-8, atol=1e-12 * np.abs(np.linalg.inv(h)).max())
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["output_error", "round_rows", "round_rows_each"]
+__all__ = ["DAMPING", "damped", "output_error", "round_rows", "round_rows_each", "upper_inverse_factor"]
 
 Array = npt.NDArray[Any]
 
@@ -45,7 +45,7 @@ DAMPING = 0.01  # added to H's diagonal, times its mean (GPTQ's): a direction no
 _BLOCK = 128  # reduction elements rounded before their errors reach the rest in one product
 
 
-def _upper_inverse_factor(h: Array) -> Array:
+def upper_inverse_factor(h: Array) -> Array:
     """The upper Cholesky factor ``U`` of ``h^-1`` (``h^-1 = U^T U``; ``h`` symmetric positive
     definite, or a stack of them): the inverse of the lower factor of ``h`` with its order reversed,
     reversed back (one factorization and one inverse instead of GPTQ's two and two)."""
@@ -53,16 +53,21 @@ def _upper_inverse_factor(h: Array) -> Array:
     return np.ascontiguousarray(np.linalg.inv(reversed_lower)[..., ::-1, ::-1])
 
 
-def _damped_factor(h: Array) -> Array:
-    """:func:`_upper_inverse_factor` of ``h`` (``[K, K]``, or a stack of them) once each input that
-    was always zero has a diagonal of 1 (its weights rounded to nearest, alone) and ``DAMPING`` times
-    the mean of the diagonal is added to it."""
+def damped(h: Array, damping: float = DAMPING) -> Array:
+    """``h`` (``[K, K]``, or a stack of them; a float64 copy) once each input that was always zero has a
+    diagonal of 1 (its weights rounded to nearest, alone) and ``damping`` times the mean of the diagonal is
+    added to it."""
     h = np.array(h, np.float64)
     k = np.arange(h.shape[-1])
     diagonal = h[..., k, k]
     diagonal[diagonal <= 0] = 1.0
-    h[..., k, k] = diagonal + DAMPING * diagonal.mean(axis=-1, keepdims=True)
-    return _upper_inverse_factor(h)
+    h[..., k, k] = diagonal + damping * diagonal.mean(axis=-1, keepdims=True)
+    return h
+
+
+def _damped_factor(h: Array) -> Array:
+    """:func:`upper_inverse_factor` of :func:`damped` ``h``."""
+    return upper_inverse_factor(damped(h))
 
 
 def round_rows(

@@ -2,8 +2,9 @@
 rounded, in proportion to how the layer's inputs correlate (Frantar et al., "GPTQ", 2022; the same error
 feedback as :mod:`requant.encoding.rounding`, with a scale per block instead of per row).
 
-``h`` is ``sum x x^T`` over the layer's calibration inputs (``[K, K]``), damped by ``DAMPING`` times the mean
-of its diagonal (an input never seen gets a diagonal of 1). The inputs are taken in one of two orders:
+``h`` is ``sum x x^T`` over the layer's calibration inputs (``[K, K]``), damped as there
+(:func:`~requant.encoding.rounding.damped`: ``DAMPING`` times the mean of its diagonal; an input never seen gets
+a diagonal of 1). The inputs are taken in one of two orders:
 
 - ``"natural"``: ``0, 1, ..., K - 1``; each block's scales are found when its first input is reached, from the
   weights as the errors before it left them (GPTQ's group-wise quantization);
@@ -22,25 +23,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from requant.encoding.rounding import DAMPING, _upper_inverse_factor
+from requant.encoding.rounding import DAMPING, damped, upper_inverse_factor
 from requant.llm.blocks import Blocked, BlockFormat, block_scales
 
-__all__ = ["ORDERS", "damped", "gptq"]
+__all__ = ["ORDERS", "gptq"]
 
 Array = npt.NDArray[Any]
 ORDERS = ("natural", "activation")
 CHUNK = 128
-
-
-def damped(h: Array, damping: float = DAMPING) -> Array:
-    """``h`` (float64 copy) with each never-seen input's diagonal set to 1 and ``damping`` times the mean
-    of the diagonal added."""
-    h = np.array(h, np.float64)
-    k = np.arange(h.shape[0])
-    diagonal = h[k, k]
-    diagonal[diagonal <= 0] = 1.0
-    h[k, k] = diagonal + damping * diagonal.mean()
-    return h
 
 
 def gptq(w: Array, h: Array, fmt: BlockFormat, order: str = "natural", damping: float = DAMPING) -> Blocked:
@@ -56,7 +46,7 @@ def gptq(w: Array, h: Array, fmt: BlockFormat, order: str = "natural", damping: 
     hh[:k, :k] = damped(h, damping)
     perm = np.argsort(-np.diag(hh)[:k], kind="stable") if order == "activation" else np.arange(k)
     perm = np.concatenate([perm, np.arange(k, size)])
-    u = _upper_inverse_factor(hh[np.ix_(perm, perm)])
+    u = upper_inverse_factor(hh[np.ix_(perm, perm)])
     scales = np.zeros((n, fmt.blocks(k)), np.float32)
     zero_points = np.zeros((n, fmt.blocks(k)), np.uint8)
     if order == "activation":

@@ -80,6 +80,6 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
             blocked, record["rounding"] = round_layer(w, h, fmt, methods)
         _replace(graph, node, weight, fmt, blocked)
         records.append(record)
-    if records and any("rounding" in r for r in records):
+    if any("rounding" in r for r in records):
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
     return records

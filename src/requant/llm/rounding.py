@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from requant.encoding.rounding import output_error as encoding_error
 from requant.llm.blocks import Blocked, BlockFormat, dequantize, round_to_nearest
 from requant.llm.gptq import gptq
 
@@ -28,8 +29,7 @@ METHODS = ("nearest", "gptq", "gptq_activation_order")
 def output_error(w: Array, blocked: Blocked, h: Array) -> float:
     """``trace(E^T H E)``: the squared error the stored weight adds to the layer's output, summed over the
     inputs ``H`` was gathered from."""
-    e = dequantize(blocked).astype(np.float64) - np.asarray(w, np.float64)
-    return float(np.sum((np.asarray(h, np.float64) @ e) * e))
+    return encoding_error(np.asarray(w).T, dequantize(blocked).T, h)  # its weights are [N, K]
 
 
 def _db(signal: float, noise: float) -> float:

@@ -123,9 +123,7 @@ class RequantQuantizer(TorchQuantizer):  # type: ignore[misc]
         self.keep_float = dict(keep_float or {})  # nodes left float whatever a selection says (remedies, budget)
         self.preset, self.preset_why = presets[0], ""
         self.records: list[dict[str, str]] = []
-        self._specs: dict[
-            tuple[QuantizationSpec | FixedSpec, int | None], TorchSpec | FixedQParamsQuantizationSpec
-        ] = {}
+        self._specs: dict[tuple[QuantizationSpec | FixedSpec, int | None], AnySpec] = {}
         self._quantized: set[Node] = set()
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:

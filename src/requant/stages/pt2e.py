@@ -199,12 +199,17 @@ def _probe(exported: Exported, module: Any, first: list[Any], options: Options) 
     def args(head: list[Any]) -> list[tuple[Any, ...]]:
         return [tuple(contiguous(s[n]) for n in exported.names) for s in head]
 
-    depthwise, look = channel_maxima(depthwise_inputs(module) if options.equalization else {})
-    ranges = probe_ranges(module, args(first[:PROBE_SAMPLES]), look)
+    depthwise, look_depthwise = channel_maxima(depthwise_inputs(module) if options.equalization else {})
     groups, _ = linear_groups(module) if options.smoothing else ({}, None)
-    linear, look = input_maxima(groups)
-    if groups:
-        look_at_outputs(module, args(first[:SMOOTHING_SAMPLES]), look)
+    linear, look_linear = input_maxima(groups)
+
+    def look(node: Any, out: Any) -> None:
+        look_depthwise(node, out)
+        look_linear(node, out)
+
+    ranges = probe_ranges(module, args(first[:PROBE_SAMPLES]), look)
+    if groups:  # the linear inputs' maxima on more samples than the ranges'
+        look_at_outputs(module, args(first[PROBE_SAMPLES:SMOOTHING_SAMPLES]), look_linear)
     return Probe(ranges, depthwise, linear)
 
 

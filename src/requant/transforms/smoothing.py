@@ -153,6 +153,16 @@ def smoothing_factors(
     return s
 
 
+def evened(
+    act: npt.NDArray[np.float64], wmax: npt.NDArray[np.float64], alpha: float
+) -> tuple[npt.NDArray[np.float64], float, float]:
+    """:func:`smoothing_factors` for input channel maxima ``act`` (a non-finite one counts as 0) and weight
+    maxima ``wmax``, and the input's :func:`channel_spread` before and after."""
+    s = smoothing_factors(act, wmax, alpha)
+    finite = np.where(np.isfinite(act), act, 0.0)
+    return s, channel_spread(finite), channel_spread(finite / s)
+
+
 def smooth_linears(
     model: ir.Model,
     data: Any,
@@ -204,9 +214,7 @@ def smooth_linears(
             records.append(Smoothed(str(x.name), names, skipped=f"its last axis has {act.size} channels, "
                                     f"its weights {wmax.size}"))  # fmt: skip
             continue
-        s = smoothing_factors(act, wmax, alpha)
-        finite = np.where(np.isfinite(act), act, 0.0)
-        before, after = channel_spread(finite), channel_spread(finite / s)
+        s, before, after = evened(act, wmax, alpha)
         norm = _norm_parameters(x, linears, s)
         if norm is None and before < min_spread:
             why = f"its largest channel is {before:.1f}x its median one (a float Mul pays from {min_spread:g}x)"
