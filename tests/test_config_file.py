@@ -179,7 +179,10 @@ activations = "float"
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('presets = "A16W8"', "unknown key 'presets'; known keys: accumulator_bits, bias_correction, calib, configs"),
+        (
+            'presets = "A16W8"',
+            "unknown key 'presets'; known keys: accumulator_bits, bias_correction, bits, block_size, calib, configs",
+        ),
         ("method = 3", "run.toml: method must be None, 'auto' or one of entropy, mean_minmax"),
         ('bias_correction = "no"', "run.toml: bias_correction must be True or False; got 'no' (str)"),
         ('keep_float_below = "high"', "run.toml: keep_float_below must be a finite number of dB"),

@@ -39,7 +39,8 @@ def test_every_option_with_a_key_is_read_from_the_config_file(tmp_path: Path) ->
               "smoothing": "0.5", "equalization": "false", "rounding": '"double_round"', "accumulator_bits": "16",
               "fixed_inputs": "{ sr = 16000 }"}  # fmt: skip
     keys = {o.key for o in OPTIONS if o.key is not None}
-    assert keys - {"max_drop", "metric"} == set(values)  # the budget's two: not with keep_float_below
+    # the budget's two: not with keep_float_below; the language models' four: with their preset (below)
+    assert keys - {"max_drop", "metric", "bits", "block_size", "symmetric", "tokenizer"} == set(values)
     config = tmp_path / "run.toml"
     config.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
     read = read_config(config).options
@@ -96,3 +97,15 @@ def test_the_config_files_new_keys_reach_the_run(tmp_path: Path) -> None:
     result = run_cli(str(DIGITS / "digits_cnn.onnx"), "--config", str(config), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert "latency" not in result.stdout and out.exists()
+
+
+def test_the_language_models_keys_are_read_from_the_config_file_with_their_preset(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('preset = "INT4_BLOCKWISE_WEIGHTS"\nbits = 8\nblock_size = 64\nsymmetric = false\n'
+                      'tokenizer = "tok"\n')  # fmt: skip
+    settings = read_config(config)
+    options = Options.create(**settings.options, quantizer=settings.quantizer())
+    assert options.flow == "blocks" and options.tokenizer == str(tmp_path / "tok")
+    fmt = options.block_format
+    assert (fmt.bits, fmt.block_size, fmt.symmetric) == (8, 64, False)
+    assert options.method is None  # no activation is calibrated

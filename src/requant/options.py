@@ -109,6 +109,15 @@ class Option:
 
 # the ONNX targets' backends: options the executorch-xnnpack target's PT2E flow does not implement (yet)
 ONNX_BACKENDS = ("qdq", "tosa")
+# the flows that quantize activations (every target's), not language models' weight-only blocks
+QUANTIZED_ACTIVATIONS = ("qdq", "tosa", "executorch")
+BLOCKS = ("blocks",)  # language models' weight-only blocks (requant.stages.blocks)
+BLOCKS_PRESET = "INT4_BLOCKWISE_WEIGHTS"
+
+
+def _block_size(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 16 and v & (v - 1) == 0
+
 
 OPTIONS: tuple[Option, ...] = (
     Option("target", "onnxruntime-cpu", lambda v: isinstance(v, str) and v in _target_names(),
@@ -123,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
            lambda: f"None, 'auto' or one of {', '.join(_methods())}",
            "activation calibration method: auto (the default unless a --config names observers: tries minmax "
            "and mean_minmax, keeps the closer to float), minmax, mean_minmax, percentile, entropy, mse",
-           flag="--method", key="method"),
+           flag="--method", key="method", backends=QUANTIZED_ACTIVATIONS),
     Option("output", None, _optional(_path), "a path (str or os.PathLike), or None",
            "where to write the quantized model (.mlir: the TOSA program, tosa-int8 only)",
            flag="--output", key="output", metavar="OUT", path=True, short="-o"),
@@ -153,10 +162,10 @@ OPTIONS: tuple[Option, ...] = (
            "an accuracy budget on --eval: if the int8 model loses more than X (0.01: one point), keep float "
            "the kernels that bring it within X at the least modelled latency: the most effective (measured) or "
            "the first ones in graph order (one float region from the inputs); each try re-quantizes",
-           flag="--max-drop", key="max_drop", metavar="X", parse=float),
+           flag="--max-drop", key="max_drop", metavar="X", parse=float, backends=QUANTIZED_ACTIVATIONS),
     Option("metric", None, lambda v: v is None or v in METRICS, f"one of {', '.join(METRICS)}",
            "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
-           flag="--metric", key="metric", choices=lambda: METRICS),
+           flag="--metric", key="metric", choices=lambda: METRICS, backends=QUANTIZED_ACTIVATIONS),
     Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
            f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA}, 0.5 on executorch-xnnpack)",
            f"SmoothQuant's alpha for the inputs of linear layers, in models with more linear layers than "
@@ -186,6 +195,18 @@ OPTIONS: tuple[Option, ...] = (
            "a PyTorch module's example inputs (requant.load)"),
     Option("dynamic_shapes", None, lambda v: True, "dynamic shapes",
            "a PyTorch module's dynamic shapes (requant.load)"),
+    Option("bits", None, _optional(lambda v: v in (4, 8) and not isinstance(v, bool)), "4 or 8, or None",
+           f"language models (--preset {BLOCKS_PRESET}): bits of the weight blocks (default: the preset's, 4)",
+           flag="--bits", key="bits", metavar="BITS", parse=int, backends=BLOCKS),
+    Option("block_size", None, _optional(_block_size), "a power of 2 of at least 16, or None",
+           "language models: weights per block along a layer's input axis (default: the preset's, 32)",
+           flag="--block-size", key="block_size", metavar="N", parse=int, backends=BLOCKS),
+    Option("symmetric", True, _is_bool, "True or False",
+           "language models: blocks with a zero point each (default: symmetric blocks, no zero points)",
+           flag="--asymmetric", key="symmetric"),
+    Option("tokenizer", None, _optional(_path), "a path (str or os.PathLike), or None",
+           "language models: the folder with the tokenizer.json of the --calib and --eval text (default: the "
+           "model's folder)", flag="--tokenizer", key="tokenizer", metavar="DIR", path=True, backends=BLOCKS),
 )  # fmt: skip
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -214,6 +235,10 @@ class Options:
     fixed_inputs: Mapping[str, Any] | None = None
     example_inputs: Any = None
     dynamic_shapes: Any = None
+    bits: int | None = None
+    block_size: int | None = None
+    symmetric: bool = True
+    tokenizer: str | os.PathLike[str] | None = None
 
     @classmethod
     def create(cls, where: str = "", **given: Any) -> Options:
@@ -234,11 +259,14 @@ class Options:
         """The checks that read more than one option."""
         backend = self.chosen_target.backend
         for option in OPTIONS:
-            if option.backends and getattr(self, option.name) is not None and backend not in option.backends:
-                owners = [t for t in _target_names() if _backend(t) in option.backends]
-                named = " and ".join(filter(None, (", ".join(owners[:-1]), owners[-1])))
-                plural = "s" if len(owners) > 1 else ""
-                raise ArgumentError(f"{option.name} is an option of the {named} target{plural}, not of {self.target}")
+            if option.backends and getattr(self, option.name) is not None and self.flow not in option.backends:
+                raise ArgumentError(self._not_here(option))
+        if self.flow == "blocks" and backend != "qdq":
+            raise ArgumentError(f"{BLOCKS_PRESET} (language models' weight blocks, MatMulNBits) runs on ONNX Runtime: "
+                                f"the onnxruntime-cpu target, not {self.target}")  # fmt: skip
+        if not self.symmetric and self.flow != "blocks":
+            raise ArgumentError(f"symmetric=False (--asymmetric) is an option of language models' weight blocks "
+                                f"(--preset {BLOCKS_PRESET})")  # fmt: skip
         if self.output is not None and (backend == "executorch") != str(self.output).endswith(".pte"):
             writes = "a .pte program (.pte)" if backend == "executorch" else "ONNX (.onnx)"
             raise ArgumentError(f"'{self.output}': the {self.target} target writes {writes}")
@@ -256,6 +284,37 @@ class Options:
         if self.metric == "accuracy" and not _has_labels(self.eval_data):
             raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
 
+    def _not_here(self, option: Option) -> str:
+        """Why ``option`` is refused in this run's flow."""
+        if option.backends == BLOCKS:
+            return f"{option.name} is an option of language models' weight blocks (--preset {BLOCKS_PRESET})"
+        if self.flow == "blocks":
+            return f"{option.name} is not an option of language models' weight blocks (--preset {BLOCKS_PRESET})"
+        owners = [t for t in _target_names() if _backend(t) in option.backends]
+        named = " and ".join(filter(None, (", ".join(owners[:-1]), owners[-1])))
+        plural = "s" if len(owners) > 1 else ""
+        return f"{option.name} is an option of the {named} target{plural}, not of {self.target}"
+
+    @property
+    def flow(self) -> str:
+        """Which stages run: the target's backend (``qdq``, ``tosa``, ``executorch``), or ``blocks`` for a
+        global config of weight-only blocks (language models, :mod:`requant.stages.blocks`)."""
+        quantizer = self.quantizer
+        if quantizer is not None and quantizer.block_weights() is not None:
+            return "blocks"
+        return str(self.chosen_target.backend)
+
+    @property
+    def block_format(self) -> Any:
+        """The blocks of the ``blocks`` flow: the preset's, with ``bits``, ``block_size`` and ``symmetric``."""
+        from requant.llm.blocks import BlockFormat
+
+        spec = self.quantizer.block_weights()
+        bits = self.bits or int("".join(c for c in spec.dtype if c.isdigit()))
+        if bits not in (4, 8):
+            raise ArgumentError(f"weight blocks of {spec.dtype} ({bits} bits): MatMulNBits takes 4 or 8 bits")
+        return BlockFormat(bits, self.block_size or spec.block_size, self.symmetric and spec.symmetric)
+
     def _resolved(self) -> Options:
         """The quantizer for the target's table (the model's default preset when none is given), and
         the method: ``"auto"`` unless the quantizer's configs name observers of their own."""
@@ -267,7 +326,8 @@ class Options:
                 if any(getattr(r, "dynamic", False) for r in (config.input_activation, config.output_activation)):
                     raise ArgumentError(f"{config} quantizes activations at run time (dynamic): only the "
                                         f"executorch-xnnpack target has such kernels, not {self.target}")  # fmt: skip
-        method = DEFAULT_METHOD if self.method is None and not quantizer.names_observers() else self.method
+        chooses = self.method is None and not quantizer.names_observers() and self.flow != "blocks"
+        method = DEFAULT_METHOD if chooses else self.method
         return _replace(self, quantizer=quantizer, method=method)
 
     @property
@@ -326,4 +386,5 @@ def preflight(options: Options, model: Any, calibration_data: Any) -> None:
     check_exists(options.eval_data, "evaluation")
     if options.output is not None:
         check_outputs({"output": options.output}, {"the model": model, "the calibration data": calibration_data,
-                                                   "the evaluation data": options.eval_data})  # fmt: skip
+                                                   "the evaluation data": options.eval_data},
+                      folders=("output",) if options.flow == "blocks" else ())  # fmt: skip

@@ -339,7 +339,7 @@ def option_cases() -> list[Case]:
 # -------------------------------------------------------------------------------------------- configs
 
 CONFIGS: list[tuple[str, str, str]] = [
-    ("unknown key", 'presets = "A16W8"', "unknown key 'presets'; known keys: accumulator_bits, bias_correction, calib, configs"),
+    ("unknown key", 'presets = "A16W8"', "unknown key 'presets'; known keys: accumulator_bits, bias_correction, bits, block_size, calib, configs"),
     ("method type", "method = 3", "run.toml: method must be None, 'auto' or one of entropy, mean_minmax"),
     ("flag type", 'bias_correction = "no"', "run.toml: bias_correction must be True or False; got 'no' (str)"),
     ("number type", 'keep_float_below = "high"', "run.toml: keep_float_below must be a finite number of dB"),

@@ -63,6 +63,7 @@ class _Bar:
 
     label: str
     total: int | None = None
+    unit: str = "samples"
     last: float = 0.0
 
     def __call__(self, done: int, elapsed: float) -> None:
@@ -73,15 +74,15 @@ class _Bar:
         rate = done / elapsed if elapsed > 0 else 0.0
         left = f", {(self.total - done) / rate:.0f} s left" if self.total and rate else ""
         of = f"/{self.total}" if self.total else ""
-        sys.stderr.write(f"\r{self.label}: {done}{of} samples, {rate:.1f}/s, {elapsed:.1f} s{left}   ")
+        sys.stderr.write(f"\r{self.label}: {done}{of} {self.unit}, {rate:.1f}/s, {elapsed:.1f} s{left}   ")
         sys.stderr.flush()
 
 
-def terminal_progress(label: str = "calibrating", total: int | None = None) -> Progress:
+def terminal_progress(label: str = "calibrating", total: int | None = None, unit: str = "samples") -> Progress:
     """A progress callback that redraws one line on standard error (when it is a terminal)."""
     if not sys.stderr.isatty():
         return lambda done, elapsed: None
-    return _Bar(label, total)
+    return _Bar(label, total, unit)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,10 @@ def documented(commands: Any, name: str, summary: str, doc: str | None, **extra:
     return parser
 
 
-def write_all(texts: dict[str, str], model: Any = None, output: str | None = None) -> None:
-    """Write the text outputs (reports, pages) and the model, if any, whole or not at all: the texts
-    go to temporary files in their folders first, then the model is saved (itself a temporary file
-    and a rename), then the texts are renamed into place. A failure on the way leaves no output."""
-    from requant.frontends import save_bytes, save_onnx
-
+def write_all(texts: dict[str, str], save: Callable[[], None] | None = None) -> None:
+    """Write the text outputs (reports, pages) and the model (``save``), if any, whole or not at all: the
+    texts go to temporary files in their folders first, then the model is saved (itself temporary files
+    and renames), then the texts are renamed into place. A failure on the way leaves no output."""
     staged: list[tuple[Path, Path]] = []
     try:
         for path, text in texts.items():
@@ -34,10 +33,8 @@ def write_all(texts: dict[str, str], model: Any = None, output: str | None = Non
             with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
                 staged.append((partial, target))
                 f.write(text)
-        if isinstance(model, bytes) and output is not None:  # a .pte (executorch-xnnpack)
-            save_bytes(model, output)
-        elif model is not None and output is not None:
-            save_onnx(model, output)
+        if save is not None:
+            save()
         for partial, target in staged:
             partial.replace(target)
     except OSError as exc:

@@ -28,10 +28,11 @@ def register(commands: Any) -> None:
         "Flags override what the --config file says.",
     )
     sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt); for --target "
-                     "executorch-xnnpack, a PyTorch program saved by torch.export.save (.pt2)")  # fmt: skip
-    sub.add_argument(
-        "--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder of images"
-    )
+                     "executorch-xnnpack, a PyTorch program saved by torch.export.save (.pt2); with --preset "
+                     "INT4_BLOCKWISE_WEIGHTS, a language model: an onnxruntime-genai or Hugging Face folder, a "
+                     ".gguf file or a causal LM's .onnx (docs/llm.md)")  # fmt: skip
+    sub.add_argument("--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder "
+                     "of images; for a language model, text: a .txt file or a folder of them")  # fmt: skip
     sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
     sub.add_argument(
         "--preset",
@@ -109,15 +110,16 @@ def run(args: argparse.Namespace) -> int:
     for key, flag, value in (("output", "-o/--output", given.get("output")), ("calib", "--calib", settings.calib)):
         if value is None:
             raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
+    options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
     check_outputs(  # before any work: a refused run writes nothing
         {"-o": given["output"], "--report-json": settings.report_json, "--report-md": settings.report_markdown,
          "--report-html": settings.report_html},
         {"the input model": args.input, "the calibration data": settings.calib,
          "the evaluation data": given.get("eval_data"), "the config file": args.config},
+        folders=("-o",) if options.flow == "blocks" else (),  # a language model's output folder
     )  # fmt: skip
-    if "eval_data" in given:
-        given["eval_data"] = _data(given["eval_data"], settings.images)
-    options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
+    if options.eval_data is not None:
+        options = dataclasses.replace(options, eval_data=_data(options.eval_data, settings.images))
     output = str(options.output)
     # the CLI writes the model with the reports, whole or not at all (write_all): not quantize
     result = quantize(args.input, _data(settings.calib, settings.images), dataclasses.replace(options, output=None))
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         texts[output] = result.mlir()
         write_all(texts)
     else:
-        write_all(texts, result.pte if result.pte is not None else result.model, output)
+        write_all(texts, lambda: result.save(output))
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
     for path in dict.fromkeys((output, *texts)):

@@ -68,10 +68,12 @@ def load_onnx_text(text: str, name: str = "the text model") -> ir.Model:
     return _finish(proto, name, path=None)
 
 
-def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
+def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model, checker: bool = True) -> ir.Model:
     """Load an ONNX model from a file path, serialized bytes, a ``ModelProto`` or an onnx-ir model.
 
-    A path ending in ``.onnxtxt`` or ``.txt`` is read as ONNX text syntax.
+    A path ending in ``.onnxtxt`` or ``.txt`` is read as ONNX text syntax. ``checker=False``: not ONNX's
+    checker, for models of ONNX Runtime's own operators in the default domain (onnxruntime-genai's
+    ``SimplifiedLayerNormalization``), which the caller checks by making a session.
     """
     what = _describe(source)
     if isinstance(source, ir.Model):
@@ -80,14 +82,14 @@ def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Mode
     if isinstance(source, onnx.ModelProto):  # a copy: onnx-ir's tensors write names through to their proto
         proto = onnx.ModelProto()
         proto.CopyFrom(source)
-        return _finish(proto, what, path=None)
+        return _finish(proto, what, None, checker)
     if isinstance(source, (bytes, bytearray)):
         proto = onnx.ModelProto()
         try:
             proto.ParseFromString(bytes(source))
         except DecodeError as exc:
             raise LoadError(f"could not parse {what} as an ONNX model (corrupt or not ONNX): {exc}") from None
-        return _finish(proto, what, path=None)
+        return _finish(proto, what, None, checker)
     if not isinstance(source, (str, os.PathLike)):
         raise LoadError(f"cannot load a {type(source).__name__}: give a path, bytes, an onnx.ModelProto or ir.Model")
     path = Path(source)
@@ -107,7 +109,7 @@ def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Mode
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise LoadError(f"could not parse {what} as an ONNX model (corrupt or not ONNX): {exc}") from None
     _check_external_data(proto, path.parent, what)
-    return _finish(proto, what, path=path)
+    return _finish(proto, what, path, checker)
 
 
 def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -147,7 +149,7 @@ def _check_external_data(proto: onnx.ModelProto, base: Path, what: str) -> None:
             )
 
 
-def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
+def _finish(proto: onnx.ModelProto, what: str, path: Path | None, checker: bool = True) -> ir.Model:
     opset = next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), None)
     if opset is None:
         raise LoadError(f"{what} imports no version of the default ONNX domain")
@@ -166,7 +168,9 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None) -> ir.Model:
             f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}; requant knows {sorted(KNOWN_DOMAINS)}"
         )
     try:
-        if path is not None:  # the checker resolves external data (and > 2 GB models) from the path
+        if not checker:
+            pass
+        elif path is not None:  # the checker resolves external data (and > 2 GB models) from the path
             onnx.checker.check_model(os.fspath(path), full_check=False)
         else:
             onnx.checker.check_model(proto, full_check=False)

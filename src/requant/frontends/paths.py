@@ -6,7 +6,7 @@ Checked before any work starts, so a refused run writes nothing and leaves every
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from requant.frontends.onnx_loader import SaveError
@@ -27,10 +27,13 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, object]) -> None:
+def check_outputs(
+    outputs: Mapping[str, PathLike | None], inputs: Mapping[str, object], folders: Collection[str] = ()
+) -> None:
     """Raise :class:`SaveError` naming the option when an output (``{"-o": path, ...}``) is an
     input's file (``{"the model": path, ...}``; values that are not paths are skipped), the same
-    file as another output, a folder, or in a folder that does not exist or is not writable."""
+    file as another output, a folder (unless its name is in ``folders``: a language model's folder), or
+    in a folder that does not exist or is not writable."""
     given = [(name, os.fspath(path), Path(path)) for name, path in outputs.items() if path is not None]
     files = [(name, Path(path)) for name, path in inputs.items() if isinstance(path, str | os.PathLike)]
     for i, (name, text, path) in enumerate(given):  # messages show the path as the user gave it
@@ -46,7 +49,7 @@ def check_outputs(outputs: Mapping[str, PathLike | None], inputs: Mapping[str, o
             is_folder = path.is_dir()
         except OSError as exc:  # a name too long, a loop of links
             raise SaveError(f"{name} '{text}': {exc.strerror or exc}") from None
-        if is_folder:
+        if is_folder and name not in folders:
             raise SaveError(f"{name} '{text}' is a folder: give a file name")
         if not os.access(path.parent, os.W_OK):
             raise SaveError(f"{name} '{text}': the folder '{path.parent}' is not writable")

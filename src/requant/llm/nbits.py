@@ -10,7 +10,8 @@ weight rounded by :func:`~requant.llm.rounding.round_layer` when the layer's inp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import onnx_ir as ir
 from requant.llm.blocks import BlockFormat, pack, round_to_nearest
 from requant.llm.rounding import METHODS, round_layer
 
-__all__ = ["MS_DOMAIN", "linear_weights", "to_matmul_nbits"]
+__all__ = ["MS_DOMAIN", "linear_weights", "to_matmul_nbits", "untie"]
 
 Array = npt.NDArray[Any]
 MS_DOMAIN = "com.microsoft"
@@ -38,6 +39,35 @@ def linear_weights(graph: ir.Graph) -> dict[str, tuple[ir.Node, ir.Value]]:
         if w.const_value.dtype == ir.DataType.FLOAT and len(w.const_value.shape) == 2:
             found[str(node.name)] = (node, w)
     return found
+
+
+def untie(graph: ir.Graph) -> list[dict[str, Any]]:
+    """Give each ``MatMul`` whose 2-d float weight is also read through a ``Transpose`` (a tied embedding:
+    the LM head's weight, transposed for the embedding's ``Gather``) the weight alone: each such
+    ``Transpose`` becomes an initializer of its own (float). A record per weight untied."""
+    records = []
+    for node in list(graph):
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        w = node.inputs[0]
+        if w is None or not w.is_initializer() or w.const_value is None or len(w.const_value.shape) != 2:
+            continue
+        if w.const_value.dtype != ir.DataType.FLOAT:
+            continue
+        readers = [u.node for u in w.uses()]
+        if not any(r.op_type == "MatMul" for r in readers) or len(readers) < 2:
+            continue
+        perm = node.attributes.get_ints("perm", [1, 0])
+        data = np.ascontiguousarray(np.transpose(w.const_value.numpy(), perm))
+        name = f"{node.outputs[0].name}_untied"
+        copy = ir.Value(name=name, shape=ir.Shape(data.shape), type=ir.TensorType(ir.DataType.FLOAT),
+                        const_value=ir.tensor(data, name=name))  # fmt: skip
+        graph.register_initializer(copy)
+        node.outputs[0].replace_all_uses_with(copy, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        users = sorted(str(u.node.name) for u in copy.uses())
+        records.append({"weight": str(w.name), "float_copy": name, "read_by": users})
+    return records
 
 
 def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat, blocked: Any) -> None:
@@ -61,12 +91,16 @@ def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat,
 
 
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
-                    methods: tuple[str, ...] = METHODS) -> list[dict[str, Any]]:  # fmt: skip
+                    methods: tuple[str, ...] = METHODS,
+                    progress: Callable[[int, float], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Rewrite ``model``'s linear layers (in place) as ``MatMulNBits`` in ``fmt``; a record per layer (its
     name, ``K``, ``N``, the rounding chosen and each one's output SQNR, or why it stayed float)."""
     graph, moments = model.graph, moments or {}
-    records = []
-    for name, (node, weight) in linear_weights(graph).items():
+    records: list[dict[str, Any]] = []
+    layers, started = linear_weights(graph), time.perf_counter()
+    for name, (node, weight) in layers.items():
+        if progress is not None:
+            progress(len(records), time.perf_counter() - started)
         w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
         k, n = w.shape
         record: dict[str, Any] = {"node": name, "k": int(k), "n": int(n)}

@@ -240,6 +240,18 @@ class Quantizer:
             found.append((Global(), PRESETS[preset]))
         return found
 
+    def block_weights(self) -> QuantizationSpec | None:
+        """The global config's weight request when it asks for weight-only blocks (no activation quantized:
+        ``INT4_BLOCKWISE_WEIGHTS``), the language models' flow (:mod:`requant.stages.blocks`); else None."""
+        config = self._global.config if isinstance(self._global, PatternQuantizer) else None
+        if config is None or not isinstance(config.weight, QuantizationSpec):
+            return None
+        activations = (config.input_activation, config.output_activation)
+        float_activations = all(a is None or isinstance(a, NoQuant) for a in activations)
+        if config.weight.granularity != "blockwise" or not float_activations:
+            return None
+        return config.weight
+
     @property
     def chooses_by_model(self) -> bool:
         """Whether its global config is the preset chosen for each model (no ``set_global``)."""

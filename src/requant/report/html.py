@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from requant.errors import RequantError
+from requant.report.blocks import blocks_tables
 from requant.report.executorch import executorch_tables
 
 __all__ = ["HtmlReportError", "compare_to_html", "to_html"]
@@ -310,7 +311,7 @@ def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
 
 def _executorch(report: Mapping[str, Any]) -> list[str]:
     parts = []
-    for title, header, rows in executorch_tables(report):
+    for title, header, rows in [*executorch_tables(report), *blocks_tables(report)]:
         parts += [f"<h2>{html.escape(title)}</h2>", _table(list(header), [list(r) for r in rows])]
     return parts
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from requant.report.blocks import blocks_tables
 from requant.report.executorch import executorch_tables
 from requant.report.saturation import SaturationFinding
 
@@ -334,7 +335,7 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
     lines = [f"# {title}", ""]
     lines += _summary(report)
-    for heading, header, rows in executorch_tables(report):  # the executorch-xnnpack target's
+    for heading, header, rows in [*executorch_tables(report), *blocks_tables(report)]:  # executorch-xnnpack's, an LLM's
         lines += [f"## {heading}", "", *_table(header, rows)]
     if "lint" in report:  # the ONNX targets': their QDQ model, its ports and weights
         lines += _lint(report["lint"])

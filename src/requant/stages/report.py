@@ -11,7 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from requant.stages import annotate, budget, check, choose, convert, joins, lower, outputs, pte, speed, transform
+from requant.stages import (
+    annotate,
+    blocks,
+    budget,
+    check,
+    choose,
+    convert,
+    joins,
+    lower,
+    outputs,
+    pte,
+    speed,
+    transform,
+)
 
 __all__ = ["SUMMARY", "summary"]
 
@@ -49,6 +62,7 @@ SUMMARY: tuple[Lines, ...] = (
     convert.rescale_lines,
     lower.lines,
     pte.lines,
+    blocks.lines,
     convert.encoding_lines,
     convert.lint_lines,  # and the size
     speed.latency_lines,

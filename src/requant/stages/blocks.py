@@ -1,0 +1,200 @@
+"""Stage blocks: a language model's linear layers as weight-only blocks of 4 or 8 bits (``MatMulNBits``),
+calibrated on text: the flow of a weight-only block preset (``--preset INT4_BLOCKWISE_WEIGHTS``).
+
+open the decoder (:mod:`requant.llm.decoder`) -> tokenize the calibration text into windows
+(:mod:`requant.llm.text`) -> untie a tied LM head -> gather each linear layer's input moments on the
+windows -> round each layer's weight by the rounding that leaves the least error on its output
+(:mod:`requant.llm.rounding`) -> write ``MatMulNBits`` -> check the perplexity against float on held-out
+windows (far: an alarm, ``--strict`` exits 3) -> with ``--eval TEXT``: perplexity, and the latency of a
+prefill and of one decoding step, float and quantized, interleaved.
+
+Records: ``llm`` (the model, the format, the calibration, each layer's rounding, the size; with ``--eval``
+its ``evaluation`` and ``latency``) and ``outputs`` (the held-out check).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from requant.calibration.runner import terminal_progress
+from requant.frontends import SaveError, save_onnx
+from requant.llm.blocks import BlockFormat
+from requant.llm.decoder import Decoder, open_decoder
+from requant.llm.nbits import linear_weights, to_matmul_nbits, untie
+from requant.llm.runs import PREFILL, input_moments, latency_ms, perplexity
+from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
+
+__all__ = ["FAR", "METHODS", "Staged", "lines", "quantize_blocks"]
+
+# natural-order GPTQ never won a layer where both were tried (MiniLM 36 of 36, SmolLM2 150 of 150 to
+# activation order): not tried by default (it took a third of the rounding time)
+METHODS = ("nearest", "gptq_activation_order")
+CHECK_WINDOWS = 4  # calibration windows held out to check the perplexity (when there are 3x as many)
+FAR = 1.5  # a quantized perplexity this many times float's is an alarm (4-bit nearest, blocks of 128: 1.29)
+
+
+class Staged:
+    """The quantized model written to a temporary folder (its ``.onnx``, external data and the files of
+    its onnxruntime-genai folder), which sessions read and :meth:`save` copies."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="requant-blocks-")
+        self.folder = Path(self._folder.name)
+        self.model_path = self.folder / decoder.path.name
+        self.ir_model = decoder.model
+        import onnx_ir as ir
+
+        ir.save(decoder.model, self.model_path, external_data=decoder.path.name + ".data")
+        if decoder.folder is not None:  # its configuration and tokenizer, not its models nor their data
+            for item in sorted(decoder.folder.iterdir()):
+                if item.is_file() and item.suffix not in (".onnx", ".data") and not item.name.startswith("."):
+                    shutil.copy2(item, self.folder / item.name)
+
+    def size(self) -> int:
+        """The model's bytes: its file and its external data."""
+        return sum(f.stat().st_size for f in self.folder.iterdir() if f.name.startswith(self.model_path.name))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """A path ending in ``.onnx``: the model there, its weights in ``<name>.data`` beside it; any other: a
+        folder (made if need be) with the model and the files of its onnxruntime-genai folder, each file
+        written whole (a temporary file, then a rename; other files there are left alone)."""
+        target = Path(path)
+        if target.suffix == ".onnx":
+            save_onnx(self.ir_model, target, external_data=True)
+            return
+        if target.exists() and not target.is_dir():
+            raise SaveError(f"'{target}' is a file: a language model is written to a folder (or to a path ending "
+                            "in .onnx)")  # fmt: skip
+        try:
+            target.mkdir(parents=False, exist_ok=True)
+            for item in sorted(self.folder.iterdir()):
+                partial = target / f".{item.name}.{os.getpid()}.partial"
+                shutil.copyfile(item, partial)
+                partial.replace(target / item.name)
+        except OSError as exc:
+            raise SaveError(f"could not write the model to '{target}': {exc.strerror or exc}") from None
+
+
+def _split(windows: list[Any]) -> tuple[list[Any], list[Any], bool]:
+    """(calibration windows, check windows, whether the check's are held out)."""
+    if len(windows) >= 3 * CHECK_WINDOWS:
+        return windows[:-CHECK_WINDOWS], windows[-CHECK_WINDOWS:], True
+    return windows, windows[:CHECK_WINDOWS], False
+
+
+def _moments(decoder: Decoder, windows: list[Any], progress: Any) -> dict[str, Any]:
+    """Each linear layer's ``sum x x^T`` by node name (layers reading one value share it)."""
+    layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(decoder.model.graph).items()}  # type: ignore[union-attr]
+    values = sorted(set(layers.values()))
+    by_value = input_moments(decoder, values, windows, progress or terminal_progress("calibrating", len(windows),
+                                                                                     "windows"))  # fmt: skip
+    return {name: by_value[value] for name, value in layers.items()}
+
+
+def _check(decoder: Decoder, staged: Staged, windows: list[Any], held_out: bool) -> dict[str, Any]:
+    before = perplexity(decoder, decoder.path, windows)
+    after = perplexity(decoder, staged.model_path, windows)
+    ratio = after / before
+    checked: dict[str, Any] = {"windows": len(windows), "held_out": held_out, "float_perplexity": before,
+                               "perplexity": after, "ratio": ratio, "poor": []}  # fmt: skip
+    if not ratio <= FAR:  # (NaN too)
+        checked["poor"].append(f"perplexity {after:.2f} against float's {before:.2f} on the calibration text "
+                               f"({ratio:.2f}x; more than {FAR}x is far)")  # fmt: skip
+    return checked
+
+
+def _evaluate(decoder: Decoder, staged: Staged, text: Any, tokenizer: Any, measure: bool) -> dict[str, Any]:
+    windows = token_windows(read_text(text, "evaluation"), tokenizer, EVALUATION_WINDOWS, "evaluation")
+    before = perplexity(decoder, decoder.path, windows)
+    after = perplexity(decoder, staged.model_path, windows)
+    found: dict[str, Any] = {"evaluation": {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows),
+                                            "float_perplexity": before, "perplexity": after,
+                                            "increase": after - before}}  # fmt: skip
+    if measure:
+        ms = latency_ms(decoder, [decoder.path, staged.model_path], windows[0][:, :PREFILL])
+        found["latency"] = {step: {"float_ms": f, "quantized_ms": q, "ratio": q / f} for step, (f, q) in ms.items()}
+    return found
+
+
+def _format(fmt: BlockFormat) -> dict[str, Any]:
+    storage = f"{'i' if fmt.symmetric else 'u'}{fmt.bits}"
+    return {"bits": fmt.bits, "block_size": fmt.block_size, "symmetric": fmt.symmetric,
+            "type": f"!quant.uniform<{storage}:f32:{{0:{fmt.block_size}}}, ...>"}  # fmt: skip
+
+
+def quantize_blocks(model: Any, calibration_data: Any, options: Any, started: float) -> Any:
+    """The flow of this module (see its docstring): a :class:`~requant.pipeline.QuantizedModel` whose
+    ``staged`` folder holds the quantized model."""
+    from requant.pipeline import QuantizedModel
+
+    fmt = options.block_format
+    decoder = open_decoder(model, options.tokenizer)
+    tokenizer = load_tokenizer(decoder.tokenizer)
+    windows = token_windows(read_text(calibration_data, "calibration"), tokenizer, CALIBRATION_WINDOWS, "calibration")
+    calibration, check_windows, held_out = _split(windows)
+    untied = untie(decoder.model.graph)
+    moments = _moments(decoder, calibration, options.progress)
+    bar = options.progress or terminal_progress("rounding", len(moments), "layers")
+    records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, bar)
+    staged = Staged(decoder)
+    report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
+    chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
+    report["llm"] = {"model": str(decoder.path), "exported": decoder.exported, "format": _format(fmt),
+                     "calibration": {"windows": len(calibration), "window": WINDOW,
+                                     "tokens": sum(w.shape[1] for w in calibration)},
+                     "untied": untied, "roundings": dict(sorted(chosen.items())), "layers": records,
+                     "size": {"float_bytes": _size(decoder), "quantized_bytes": staged.size()}}  # fmt: skip
+    report["outputs"] = _check(decoder, staged, check_windows, held_out)
+    if options.eval_data is not None:
+        report["llm"].update(_evaluate(decoder, staged, options.eval_data, tokenizer, options.measure))
+    report["quantize_seconds"] = time.perf_counter() - started
+    from requant.stages.report import summary
+
+    report["summary"] = summary(report)
+    return QuantizedModel(staged.ir_model, report, staged=staged)
+
+
+def _size(decoder: Decoder) -> int:
+    """The float model's bytes: its file and the external data files beside it."""
+    return sum(f.stat().st_size for f in decoder.path.parent.iterdir() if f.name.startswith(decoder.path.name))
+
+
+def lines(report: Mapping[str, Any]) -> list[str]:
+    """The summary's lines of this flow."""
+    llm = report.get("llm")
+    if llm is None:
+        return []
+    fmt, layers = llm["format"], llm["layers"]
+    kind = "symmetric" if fmt["symmetric"] else "asymmetric"
+    rounded = ", ".join(f"{k} {v}" for k, v in llm["roundings"].items())
+    done = sum("rounding" in r for r in layers)
+    out = [f"language model: {done} of {len(layers)} linear layers in {fmt['bits']}-bit {kind} blocks of "
+           f"{fmt['block_size']} (MatMulNBits); rounding chosen per layer: {rounded}"]  # fmt: skip
+    floats = [r["node"] for r in layers if "float" in r]
+    if floats:
+        out.append(f"kept float: {', '.join(floats[:4])}{', ...' if len(floats) > 4 else ''} (shorter than a block)")
+    for u in llm["untied"]:
+        out.append(f"untied: {u['weight']} (the LM head's, quantized; {', '.join(u['read_by'])} reads a float copy)")
+    size = llm["size"]
+    out.append(f"size: {size['float_bytes'] / 1e6:.1f} MB -> {size['quantized_bytes'] / 1e6:.1f} MB")
+    checked = report["outputs"]
+    where = "held-out calibration windows" if checked["held_out"] else "calibration windows (too few to hold some out)"
+    out.append(f"perplexity on {checked['windows']} {where}: float {checked['float_perplexity']:.2f}, "
+               f"quantized {checked['perplexity']:.2f} ({checked['ratio']:.3f}x)")  # fmt: skip
+    evaluation = llm.get("evaluation")
+    if evaluation:
+        out.append(f"evaluation ({evaluation['windows']} windows, {evaluation['tokens']} tokens): perplexity "
+                   f"{evaluation['float_perplexity']:.2f} -> {evaluation['perplexity']:.2f} "
+                   f"(+{evaluation['increase']:.2f})")  # fmt: skip
+    for step, t in llm.get("latency", {}).items():
+        what = f"prefill of {PREFILL} tokens" if step == "prefill" else "one decoding step"
+        out.append(f"latency, {what}: {t['float_ms']:.1f} ms float, {t['quantized_ms']:.1f} ms quantized "
+                   f"({t['ratio']:.2f}x)")  # fmt: skip
+    return out

@@ -1,0 +1,230 @@
+"""Language models end to end: ``requant quantize`` with ``--preset INT4_BLOCKWISE_WEIGHTS`` on a tiny
+trained Llama (tests/models/tiny_decoder.py), from its Hugging Face folder and from its onnxruntime-genai
+folder, text calibration, the report, onnxruntime-genai's generation from the output, and the errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from requant.errors import ArgumentError, RequantError
+from requant.llm.decoder import DecoderError, open_decoder
+from requant.llm.nbits import untie
+from requant.llm.text import TextError
+from requant.options import Options
+from requant.pipeline import quantize
+from requant.quantizers import PRESETS, Quantizer
+from tests.models.tiny_decoder import docs_text, make_genai_folder, make_hf_folder
+
+pytest.importorskip("onnxruntime_genai")
+pytest.importorskip("transformers")
+
+PRESET = ("--preset", "INT4_BLOCKWISE_WEIGHTS")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    hf = make_hf_folder(root / "hf")
+    calib, held_out = docs_text()
+    (root / "calib.txt").write_text(calib)
+    (root / "eval.txt").write_text(held_out)
+    return {"hf": hf, "genai": make_genai_folder(hf, root / "genai"), "calib": root / "calib.txt",
+            "eval": root / "eval.txt", "root": root}  # fmt: skip
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "requant", "quantize", *args], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+def blocks(**given: Any) -> Options:
+    return Options.create(quantizer=Quantizer().set_global(PRESETS["INT4_BLOCKWISE_WEIGHTS"]), **given)
+
+
+def ops(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
+    """The quantized model's greedy continuation, step by step in ONNX Runtime with its past key values."""
+    decoder = open_decoder(path.parent)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    ids, pasts, out = np.array([prompt]), None, list(prompt)
+    for _ in range(steps):
+        results = dict(zip(names, session.run(None, decoder.feeds(ids, pasts)), strict=True))
+        token = int(np.argmax(results["logits"][0, -1]))
+        out.append(token)
+        ids, pasts = np.array([[token]]), decoder.presents(results)
+    return out
+
+
+def test_a_hugging_face_folder_becomes_a_genai_folder_that_generates(tiny: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "q4"
+    done = run_cli(str(tiny["hf"]), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--block-size", "64",
+                   "--report-json", str(tmp_path / "r.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "4-bit symmetric blocks of 64 (MatMulNBits)" in done.stdout
+    assert {"genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    counts = ops(out / "model.onnx")
+    assert counts["MatMulNBits"] == 11 and "MatMul" not in counts  # 2 x (qkv, o, gate, up, down) and the LM head
+    report = json.loads((tmp_path / "r.json").read_text())
+    llm = report["llm"]
+    assert [u["weight"] for u in llm["untied"]] == ["lm_head.MatMul.weight"]  # tied: the embedding reads a copy
+    assert "onnxruntime-genai's builder" in llm["exported"]
+    assert llm["size"]["quantized_bytes"] < 0.6 * llm["size"]["float_bytes"]
+    for layer in llm["layers"]:  # each layer's choice is the least output error of those tried
+        sqnr = layer["rounding"]["output_sqnr_db"]
+        assert sqnr[layer["rounding"]["chosen"]] == max(sqnr.values())
+    checked = report["outputs"]
+    assert checked["held_out"] and checked["poor"] == [] and 0.9 < checked["ratio"] < 1.1
+    import onnxruntime_genai as og
+
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    prompt = [int(t) for t in tokenizer.encode("The quantized model")]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 12, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    generated = [int(t) for t in generator.get_sequence(0)]
+    assert generated == greedy(out / "model.onnx", prompt, 12)  # genai runs the model requant wrote
+
+
+def test_eight_bits_asymmetric_to_an_onnx_file_with_evaluation(tiny: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "q8.onnx"
+    result = quantize(tiny["genai"], str(tiny["calib"]), blocks(bits=8, symmetric=False, block_size=32,
+                                                                eval_data=str(tiny["eval"]), output=out))  # fmt: skip
+    assert out.is_file() and (tmp_path / "q8.onnx.data").is_file()
+    model = onnx.load(str(out), load_external_data=False)
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 11 and all(len(n.input) == 4 for n in nbits)  # zero points stored
+    assert {a.i for n in nbits for a in n.attribute if a.name == "bits"} == {8}
+    llm = result.report["llm"]
+    evaluation = llm["evaluation"]
+    assert evaluation["windows"] >= 1 and abs(evaluation["increase"]) < 0.01 * evaluation["float_perplexity"]
+    assert {"prefill", "decode"} == set(llm["latency"])
+    four = quantize(tiny["genai"], str(tiny["calib"]), blocks(block_size=32, measure=False))
+    for a, b in zip(four.report["llm"]["layers"], llm["layers"], strict=True):  # 8 bits: ~24 dB more per layer
+        chosen = (
+            a["rounding"]["output_sqnr_db"][a["rounding"]["chosen"]],
+            b["rounding"]["output_sqnr_db"][b["rounding"]["chosen"]],
+        )
+        assert chosen[1] > chosen[0] + 15, (a["node"], chosen)
+
+
+def test_the_same_model_text_and_options_give_the_same_bytes(tiny: dict[str, Path], tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        quantize(tiny["genai"], str(tiny["calib"]), blocks(output=tmp_path / name, measure=False))
+    for file in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
+
+
+def test_text_as_a_list_of_strings_and_a_folder(tiny: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    text = tiny["calib"].read_text()
+    (folder / "a.txt").write_text(text[: len(text) // 2])
+    (folder / "b.txt").write_text(text[len(text) // 2 :])
+    for source in (folder, [text[: len(text) // 2], text[len(text) // 2 :]]):
+        result = quantize(tiny["genai"], source, blocks(measure=False))
+        assert result.report["llm"]["calibration"]["tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"bits": 8}, "bits is an option of language models' weight blocks (--preset INT4_BLOCKWISE_WEIGHTS)"),
+        ({"block_size": 64}, "block_size is an option of language models' weight blocks"),
+        ({"symmetric": False}, "symmetric=False (--asymmetric) is an option of language models' weight blocks"),
+    ],
+)
+def test_block_options_without_the_preset_are_refused(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Options.create(**given)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"block_size": 100}, "block_size must be a power of 2 of at least 16, or None; got 100"),
+        ({"bits": 3}, "bits must be 4 or 8, or None; got 3"),
+        ({"method": "minmax"}, "method is not an option of language models' weight blocks"),
+        ({"target": "tosa-int8"}, "runs on ONNX Runtime: the onnxruntime-cpu target, not tosa-int8"),
+    ],
+)
+def test_block_options_that_do_not_fit_are_refused(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        blocks(**given)
+
+
+def test_bad_inputs_get_clear_errors_and_write_nothing(tiny: dict[str, Path], tmp_path: Path) -> None:
+    lonely = tmp_path / "lonely"  # the genai folder without its tokenizer
+    lonely.mkdir()
+    for file in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        (lonely / file).write_bytes((tiny["genai"] / file).read_bytes())
+    out = tmp_path / "out"
+    done = run_cli(str(lonely), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET)
+    assert done.returncode == 1 and "give --tokenizer DIR" in done.stderr and not out.exists()
+    done = run_cli(str(lonely), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--tokenizer",
+                   str(tiny["genai"]), "--no-measure")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # the model alone: its past inputs' head size is symbolic, and no genai_config.json gives it
+    done = run_cli(str(lonely / "model.onnx"), "-o", str(tmp_path / "o2"), "--calib", str(tiny["calib"]), *PRESET)
+    assert done.returncode == 1 and not (tmp_path / "o2").exists()
+    assert "past input 'past_key_values.0.key' has shape" in done.stderr and "must be numbers" in done.stderr
+    short = tmp_path / "short.txt"
+    short.write_text("Too short.")
+    with pytest.raises(TextError, match="the calibration text has [0-9]+ tokens; at least 16 are needed"):
+        quantize(tiny["genai"], str(short), blocks(output=tmp_path / "never"))
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(RequantError, match="no calibration data at '.*missing.txt'"):  # before any work
+        quantize(tiny["genai"], str(tmp_path / "missing.txt"), blocks())
+    digits = Path(__file__).resolve().parents[1] / "examples" / "digits" / "digits_cnn.onnx"
+    with pytest.raises(DecoderError, match="is not a causal language model: expected an input 'input_ids'"):
+        quantize(digits, str(tiny["calib"]), blocks())
+    with pytest.raises(RequantError, match="is not a language model requant reads"):
+        open_decoder(tmp_path / "nothing")
+
+
+def test_untie_gives_the_embedding_its_own_copy_and_changes_no_number() -> None:
+    text = """
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (int64[1, 3] ids, float[8, 16] w) => (float[1, 3, 16] logits) {
+        table = Transpose <perm = [1, 0]> (w)
+        x = Gather <axis = 0> (table, ids)
+        logits = MatMul (x, w)
+    }
+    """
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    w = model.graph.inputs.pop()  # the tied weight, made an initializer
+    w.const_value = ir.tensor(np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32), name="w")
+    model.graph.register_initializer(w)
+    import onnxruntime as ort
+
+    def run(m: ir.Model) -> Any:
+        session = ort.InferenceSession(ir.to_proto(m).SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {"ids": np.array([[0, 5, 15]])})[0]
+
+    before = run(model)
+    records = untie(model.graph)
+    assert [(r["weight"], r["float_copy"], len(r["read_by"])) for r in records] == [("w", "table_untied", 1)]
+    assert [u.node.op_type for u in model.graph.initializers["w"].uses()] == ["MatMul"]
+    assert "Transpose" not in [n.op_type for n in model.graph]
+    np.testing.assert_array_equal(run(model), before)
