@@ -16,8 +16,9 @@ import onnx_ir as ir
 import pytest
 
 from requant.errors import ArgumentError, RequantError
+from requant.llm.blocks import BlockFormat, dequantize, round_to_nearest
 from requant.llm.decoder import DecoderError, open_decoder
-from requant.llm.nbits import untie
+from requant.llm.nbits import to_matmul_nbits
 from requant.llm.text import TextError
 from requant.options import Options
 from requant.pipeline import quantize
@@ -84,7 +85,9 @@ def test_a_hugging_face_folder_becomes_a_genai_folder_that_generates(tiny: dict[
     assert counts["MatMulNBits"] == 11 and "MatMul" not in counts  # 2 x (qkv, o, gate, up, down) and the LM head
     report = json.loads((tmp_path / "r.json").read_text())
     llm = report["llm"]
-    assert [u["weight"] for u in llm["untied"]] == ["lm_head.MatMul.weight"]  # tied: the embedding reads a copy
+    (head,) = [layer for layer in llm["layers"] if "tied" in layer]  # the embedding reads the LM head's blocks
+    assert head["node"] == "/lm_head/MatMul" and list(head["tied"]) == ["/model/embed_tokens/Gather"]
+    assert counts["GatherBlockQuantized"] == 1 and "Transpose" not in counts  # no float table left
     assert "onnxruntime-genai's builder" in llm["exported"]
     assert llm["size"]["quantized_bytes"] < 0.6 * llm["size"]["float_bytes"]
     for layer in llm["layers"]:  # each layer's choice is the least output error of those tried
@@ -116,12 +119,15 @@ def test_eight_bits_asymmetric_to_an_onnx_file_with_evaluation(tiny: dict[str, P
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == 11 and all(len(n.input) == 4 for n in nbits)  # zero points stored
     assert {a.i for n in nbits for a in n.attribute if a.name == "bits"} == {8}
+    assert {a.i for n in nbits for a in n.attribute if a.name == "accuracy_level"} == {4}  # ORT's 8-bit kernel
     llm = result.report["llm"]
     evaluation = llm["evaluation"]
     assert evaluation["windows"] >= 1 and abs(evaluation["increase"]) < 0.01 * evaluation["float_perplexity"]
     assert {"prefill", "decode"} == set(llm["latency"])
     four = quantize(tiny["genai"], str(tiny["calib"]), blocks(block_size=32, measure=False))
-    for a, b in zip(four.report["llm"]["layers"], llm["layers"], strict=True):  # 8 bits: ~24 dB more per layer
+    layers = four.report["llm"]["layers"]
+    assert [r["bits"] for r in layers] == [4] * 10 + [8]  # the LM head tied to the embedding: 8 bits
+    for a, b in zip(layers[:-1], llm["layers"][:-1], strict=True):  # 8 bits: ~24 dB more per layer
         chosen = (
             a["rounding"]["output_sqnr_db"][a["rounding"]["chosen"]],
             b["rounding"]["output_sqnr_db"][b["rounding"]["chosen"]],
@@ -203,28 +209,52 @@ def test_bad_inputs_get_clear_errors_and_write_nothing(tiny: dict[str, Path], tm
         open_decoder(tmp_path / "nothing")
 
 
-def test_untie_gives_the_embedding_its_own_copy_and_changes_no_number() -> None:
-    text = """
+@pytest.mark.parametrize(("k", "bits", "symmetric"), [(64, 4, True), (80, 4, False), (64, 8, False), (80, 8, True)])
+def test_a_tied_embedding_reads_the_lm_heads_blocks(k: int, bits: int, symmetric: bool) -> None:
+    """The embedding (a Gather of the LM head's weight, transposed) becomes a GatherBlockQuantized of the LM
+    head's blocks: in ONNX Runtime, each token's row is the dequantized weight's, bit for bit."""
+    text = f"""
     <ir_version: 10, opset_import: ["" : 21]>
-    g (int64[1, 3] ids, float[8, 16] w) => (float[1, 3, 16] logits) {
+    g (int64[1, 3] ids, float[{k}, 16] w) => (float[1, 3, 16] logits) {{
         table = Transpose <perm = [1, 0]> (w)
         x = Gather <axis = 0> (table, ids)
         logits = MatMul (x, w)
-    }
+    }}
     """
     model = ir.from_proto(onnx.parser.parse_model(text))
     w = model.graph.inputs.pop()  # the tied weight, made an initializer
-    w.const_value = ir.tensor(np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32), name="w")
+    w.const_value = ir.tensor(np.random.default_rng(0).normal(size=(k, 16)).astype(np.float32), name="w")
     model.graph.register_initializer(w)
+    fmt = BlockFormat(bits, 32, symmetric)
+    (record,) = to_matmul_nbits(model, fmt)
+    ops = [n.op_type for n in model.graph]
+    assert sorted(ops) == sorted(["GatherBlockQuantized", "MatMulNBits", "Reshape"] + (["Slice"] if k % 32 else []))
+    ((_, how),) = record["tied"].items()
+    assert how.startswith("reads the LM head's blocks") and ("Slice" in how) == (k % 32 != 0)
+    assert "w" not in model.graph.initializers
     import onnxruntime as ort
 
-    def run(m: ir.Model) -> Any:
-        session = ort.InferenceSession(ir.to_proto(m).SerializeToString(), providers=["CPUExecutionProvider"])
-        return session.run(None, {"ids": np.array([[0, 5, 15]])})[0]
+    proto = ir.to_proto(model)
+    proto.graph.output.append(onnx.helper.make_empty_tensor_value_info("x"))  # the embedding's rows
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, 5, 15]])
+    logits, rows = session.run(None, {"ids": ids})
+    table = dequantize(round_to_nearest(np.asarray(w.const_value.numpy()), fmt)).T  # [16, K]: one row per token
+    np.testing.assert_array_equal(rows, table[ids])
+    # 8 bits run at accuracy level 4 (the activations rounded to int8 per block): at most half a step of the
+    # largest row value on each input, times the weights' magnitudes
+    bound = 1e-5 if bits == 4 else np.abs(rows).max() / 254 * np.abs(table).sum(axis=1).max() * 1.01
+    np.testing.assert_allclose(logits, rows @ table.T, rtol=1e-5, atol=bound)
 
-    before = run(model)
-    records = untie(model.graph)
-    assert [(r["weight"], r["float_copy"], len(r["read_by"])) for r in records] == [("w", "table_untied", 1)]
-    assert [u.node.op_type for u in model.graph.initializers["w"].uses()] == ["MatMul"]
-    assert "Transpose" not in [n.op_type for n in model.graph]
-    np.testing.assert_array_equal(run(model), before)
+
+def test_a_decoder_no_faster_than_float_and_a_far_perplexity_are_said_first() -> None:
+    from requant.stages.report import summary
+
+    report: dict[str, Any] = {"target": "onnxruntime-cpu", "quantize_seconds": 1.0,
+                              "outputs": {"poor": ["perplexity 30.00 against float's 10.00 on the calibration text"]},
+                              "llm": {"latency": {"decode": {"float_ms": 10.0, "quantized_ms": 12.0, "ratio": 1.2}}}}  # fmt: skip
+    first = summary(report).splitlines()[:2]
+    assert first[0] == "NOT USABLE AS IS: perplexity 30.00 against float's 10.00 on the calibration text"
+    assert first[1].startswith("SLOWER THAN FLOAT: one decoding step takes 1.20x the float model's time")
+    report["llm"]["latency"]["decode"].update(quantized_ms=5.0, ratio=0.5)
+    assert "SLOWER" not in summary(report)

@@ -32,6 +32,8 @@ __all__ = [
     "block_scales",
     "dequantize",
     "pack",
+    "pack_codes",
+    "padded_rows",
     "quantize_with",
     "round_to_nearest",
     "unpack",
@@ -82,7 +84,7 @@ class Blocked:
     format: BlockFormat
 
 
-def _padded_rows(w: Array, fmt: BlockFormat) -> Array:
+def padded_rows(w: Array, fmt: BlockFormat) -> Array:
     """``w`` (``[K, N]``) as ``[N, blocks, block_size]`` float64, the last block padded with zeros."""
     k, n = w.shape
     rows = np.zeros((n, fmt.blocks(k) * fmt.block_size), np.float64)
@@ -93,7 +95,7 @@ def _padded_rows(w: Array, fmt: BlockFormat) -> Array:
 def block_scales(w: Array, fmt: BlockFormat) -> tuple[Array, Array]:
     """Round-to-nearest's scales and zero points (``[N, blocks]``) for ``w`` (``[K, N]``, or blocks
     ``[N, blocks, block_size]`` already cut)."""
-    blocks = _padded_rows(w, fmt) if w.ndim == 2 else np.asarray(w, np.float64)
+    blocks = padded_rows(w, fmt) if w.ndim == 2 else np.asarray(w, np.float64)
     if fmt.symmetric:
         at = np.abs(blocks).argmax(axis=-1)
         extreme = np.take_along_axis(blocks, at[..., None], axis=-1)[..., 0]
@@ -110,7 +112,7 @@ def block_scales(w: Array, fmt: BlockFormat) -> tuple[Array, Array]:
 
 def quantize_with(w: Array, scales: Array, zero_points: Array, fmt: BlockFormat) -> Blocked:
     """``w`` (``[K, N]``) rounded to the nearest code of the given scales and zero points."""
-    blocks = _padded_rows(w, fmt)
+    blocks = padded_rows(w, fmt)
     s, z = scales.astype(np.float64)[..., None], zero_points.astype(np.float64)[..., None]
     codes = np.clip(np.rint(blocks / s) + z, 0, fmt.top).astype(np.uint8)
     return Blocked(codes.reshape(codes.shape[0], -1), scales, zero_points, int(w.shape[0]), fmt)
@@ -130,7 +132,7 @@ def dequantize(blocked: Blocked) -> Array:
     return np.ascontiguousarray(values.reshape(n, -1)[:, : blocked.k].T)
 
 
-def _pack_codes(codes: Array, bits: int) -> Array:
+def pack_codes(codes: Array, bits: int) -> Array:
     """Codes (``[..., M]``, uint8) packed along the last axis, the first in the low bits."""
     if bits == 8:
         return codes.astype(np.uint8)
@@ -144,8 +146,8 @@ def pack(blocked: Blocked) -> tuple[Array, Array, Array | None]:
     """``MatMulNBits``' ``B`` (``[N, blocks, block_size * bits / 8]``), ``scales`` (``[N * blocks]``) and
     ``zero_points`` (packed, ``[N * ceil(blocks * bits / 8)]``; None when symmetric: its default)."""
     fmt, n = blocked.format, blocked.codes.shape[0]
-    b = _pack_codes(blocked.codes.reshape(n, -1, fmt.block_size), fmt.bits)
-    zero_points = None if fmt.symmetric else _pack_codes(blocked.zero_points, fmt.bits).reshape(-1)
+    b = pack_codes(blocked.codes.reshape(n, -1, fmt.block_size), fmt.bits)
+    zero_points = None if fmt.symmetric else pack_codes(blocked.zero_points, fmt.bits).reshape(-1)
     return b, blocked.scales.astype(np.float32).reshape(-1), zero_points
 
 

@@ -31,7 +31,7 @@ import onnx_ir as ir
 from requant.errors import RequantError
 from requant.frontends import load_onnx
 
-__all__ = ["Decoder", "DecoderError", "Past", "open_decoder"]
+__all__ = ["Decoder", "DecoderError", "Past", "export_genai", "gguf_to_hf", "open_decoder"]
 
 Array = npt.NDArray[Any]
 GENAI_CONFIG = "genai_config.json"
@@ -149,7 +149,7 @@ def _from_genai(folder: Path) -> Decoder:
     return _from_onnx(folder / filename, folder, config)
 
 
-def _run_builder(hf_folder: Path, out: Path, cache: Path) -> None:
+def export_genai(hf_folder: Path, out: Path, cache: Path) -> None:
     """onnxruntime-genai's model builder, float32 for the CPU (in its own process: it imports torch and
     transformers, and prints as it goes)."""
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out),
@@ -161,7 +161,7 @@ def _run_builder(hf_folder: Path, out: Path, cache: Path) -> None:
                            f"(pip install 'requant[llm]' installs it):\n{tail}")  # fmt: skip
 
 
-def _dequantized_gguf(path: Path, out: Path) -> None:
+def gguf_to_hf(path: Path, out: Path) -> None:
     """A GGUF file's model as a float32 Hugging Face folder (transformers' GGUF loader)."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -188,9 +188,9 @@ def _exported(source: Path) -> Decoder:
     how = f"exported from the Hugging Face folder '{source}' by onnxruntime-genai's builder (float32)"
     if source.suffix == ".gguf":
         hf_folder = root / "hf"
-        _dequantized_gguf(source, hf_folder)
+        gguf_to_hf(source, hf_folder)
         how = f"GGUF '{source.name}' dequantized to float32 (transformers), exported by onnxruntime-genai's builder"
-    _run_builder(hf_folder, root / "genai", root / "cache")
+    export_genai(hf_folder, root / "genai", root / "cache")
     decoder = _from_genai(root / "genai")
     decoder.exported, decoder._scratch = how, scratch
     return decoder

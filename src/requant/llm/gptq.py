@@ -33,9 +33,19 @@ ORDERS = ("natural", "activation")
 CHUNK = 128
 
 
-def gptq(w: Array, h: Array, fmt: BlockFormat, order: str = "natural", damping: float = DAMPING) -> Blocked:
+def gptq(
+    w: Array,
+    h: Array,
+    fmt: BlockFormat,
+    order: str = "natural",
+    damping: float = DAMPING,
+    given: tuple[Array, Array] | None = None,
+) -> Blocked:
     """``w`` (``[K, N]``) in blocks of ``fmt``, rounded by error feedback against inputs of second moments
-    ``h`` (``[K, K]``)."""
+    ``h`` (``[K, K]``); in activation order, at ``given`` (scales and zero points ``[N, blocks]``, e.g. the
+    clipping search's) when given, else at the original weights' ranges."""
+    if given is not None and order != "activation":
+        raise ValueError("scales given in advance are for the activation order (static groups)")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     k, n = w.shape
@@ -50,7 +60,7 @@ def gptq(w: Array, h: Array, fmt: BlockFormat, order: str = "natural", damping: 
     scales = np.zeros((n, fmt.blocks(k)), np.float32)
     zero_points = np.zeros((n, fmt.blocks(k)), np.uint8)
     if order == "activation":
-        scales, zero_points = block_scales(rows.reshape(n, -1, fmt.block_size), fmt)
+        scales, zero_points = given or block_scales(rows.reshape(n, -1, fmt.block_size), fmt)
     w_perm = rows[:, perm].copy()
     codes = np.zeros((n, size), np.uint8)
     for start in range(0, size, CHUNK):

@@ -15,15 +15,17 @@ import numpy as np
 import numpy.typing as npt
 
 from requant.encoding.rounding import output_error as encoding_error
-from requant.llm.blocks import Blocked, BlockFormat, dequantize, round_to_nearest
+from requant.llm.blocks import Blocked, BlockFormat, dequantize, quantize_with, round_to_nearest
+from requant.llm.clip import clipped_scales
 from requant.llm.gptq import gptq
 
 __all__ = ["METHODS", "output_error", "round_layer"]
 
 Array = npt.NDArray[Any]
 
-# nearest; GPTQ in the inputs' order; GPTQ with the inputs of the largest second moments first
-METHODS = ("nearest", "gptq", "gptq_activation_order")
+# nearest; GPTQ in the inputs' order; GPTQ with the inputs of the largest second moments first; and
+# nearest and GPTQ in activation order at the scales of the clipping search (requant.llm.clip)
+METHODS = ("nearest", "gptq", "gptq_activation_order", "clip", "clip_gptq")
 
 
 def output_error(w: Array, blocked: Blocked, h: Array) -> float:
@@ -36,9 +38,17 @@ def _db(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else math.inf
 
 
-def _rounded(method: str, w: Array, h: Array, fmt: BlockFormat) -> Blocked:
+def _rounded(method: str, w: Array, h: Array, fmt: BlockFormat, found: dict[str, Any]) -> Blocked:
+    """``w`` rounded by ``method``; ``found`` keeps the clipping search's scales for the methods that share them."""
+    if method.startswith("clip") and "clip" not in found:
+        found["clip"] = clipped_scales(w, h, fmt)
     if method == "nearest":
         return round_to_nearest(w, fmt)
+    if method == "clip":
+        scales, zero_points = found["clip"]
+        return quantize_with(w, scales, zero_points, fmt)
+    if method == "clip_gptq":
+        return gptq(w, h, fmt, order="activation", given=found["clip"])
     return gptq(w, h, fmt, order="activation" if method == "gptq_activation_order" else "natural")
 
 
@@ -54,8 +64,9 @@ def round_layer(
     signal = float(np.sum((np.asarray(h, np.float64) @ wd) * wd))
     best: tuple[float, str, Blocked] | None = None
     scores: dict[str, float] = {}
+    found: dict[str, Any] = {}
     for method in methods:
-        blocked = _rounded(method, w, h, fmt)
+        blocked = _rounded(method, w, h, fmt, found)
         error = output_error(w, blocked, h)
         scores[method] = _db(signal, error)
         if best is None or error < best[0]:

@@ -25,10 +25,9 @@ def _figures(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     ]  # fmt: skip
     if llm.get("exported"):
         rows.insert(0, ("model", llm["exported"]))
-    for u in llm["untied"]:
-        rows.append(
-            ("untied", f"{u['weight']}: quantized for the LM head; {', '.join(u['read_by'])} reads a float copy")
-        )
+    for layer in llm["layers"]:
+        for gather, how in layer.get("tied", {}).items():
+            rows.append(("tied embedding", f"{gather}: a GatherBlockQuantized that {how}"))
     evaluation = llm.get("evaluation")
     if evaluation:
         before, after = evaluation["float_perplexity"], evaluation["perplexity"]

@@ -50,6 +50,7 @@ Lines = Callable[[Mapping[str, Any]], list[str]]
 SUMMARY: tuple[Lines, ...] = (
     outputs.alarm_lines,  # first: what makes the model no good, in words
     speed.alarm_lines,
+    blocks.alarm_lines,
     _target,
     _fixed_inputs,
     annotate.preset_lines,
