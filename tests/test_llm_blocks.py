@@ -231,3 +231,20 @@ def test_a_models_linear_layers_become_matmul_nbits_that_onnx_runtime_runs_as_ro
     # fc1's stored weight is at least as close on its inputs as nearest's
     nearest = dequantize(round_to_nearest(w1, fmt))
     assert ((data @ (deq["fc1"] - w1)) ** 2).sum() <= ((data @ (nearest - w1)) ** 2).sum() * (1 + 1e-9)
+
+
+def test_the_two_activation_order_gptqs_in_one_pass_give_the_codes_of_two() -> None:
+    from requant.llm.clip import clipped_scales
+    from requant.llm.rounding import _activation_order_pair
+
+    k, n = 96, 10
+    w = np.random.default_rng(10).normal(size=(k, n)).astype(np.float32)
+    x = _inputs(k, 300, seed=11).astype(np.float64)
+    h = x.T @ x
+    fmt = BlockFormat(4, 32, True)
+    clip = clipped_scales(w, h, fmt)
+    pair = _activation_order_pair(w, h, fmt, clip)
+    for method, alone in (("gptq_activation_order", gptq(w, h, fmt, order="activation")),
+                          ("clip_gptq", gptq(w, h, fmt, order="activation", given=clip))):  # fmt: skip
+        np.testing.assert_array_equal(pair[method].codes, alone.codes)
+        np.testing.assert_array_equal(pair[method].scales, alone.scales)

@@ -32,29 +32,29 @@ def _diagonal_blocks(h: Array, fmt: BlockFormat) -> Array:
     return np.stack([full[i : i + size, i : i + size] for i in range(0, full.shape[0], size)])
 
 
-def _errors(blocks: Array, scales: Array, zero_points: Array, hb: Array, fmt: BlockFormat) -> Array:
-    """Each block's ``e^T H_bb e`` (``[N, blocks]``) at these scales."""
-    s, z = scales.astype(np.float64)[..., None], zero_points.astype(np.float64)[..., None]
-    e = (np.clip(np.rint(blocks / s) + z, 0, fmt.top) - z) * s - blocks  # [N, blocks, size]
-    weighted = np.einsum("nbi,bij->nbj", e, hb, optimize=True)
-    found: Array = np.sum(weighted * e, axis=-1)
+def _errors(blocks: Array, scales: Array, zero_points: Array, hb: Array, top: int) -> Array:
+    """Each block's ``e^T H_bb e`` (``[N, blocks]``) at these scales (float32 arithmetic: it only ranks)."""
+    s, z = scales[..., None], zero_points.astype(np.float32)[..., None]
+    e = (np.clip(np.rint(blocks / s) + z, 0, top) - z) * s - blocks  # [N, blocks, size]
+    weighted = np.matmul(e.transpose(1, 0, 2), hb).transpose(1, 0, 2)  # each block's e @ H_bb: batched, BLAS
+    found: Array = np.einsum("nbi,nbi->nb", weighted, e)
     return found
 
 
 def clipped_scales(w: Array, h: Array, fmt: BlockFormat, ratios: tuple[float, ...] = RATIOS) -> tuple[Array, Array]:
     """Scales and zero points (``[N, blocks]``) for ``w`` (``[K, N]``): each block's range shrunk by the ratio
-    of ``ratios`` that leaves the least error on the layer's output (inputs of second moments ``h``)."""
-    blocks = padded_rows(w, fmt)
-    hb = _diagonal_blocks(np.asarray(h, np.float64), fmt)
-    best_scales, best_zero_points = block_scales(blocks, fmt)
-    best = _errors(blocks, best_scales, best_zero_points, hb, fmt)
+    of ``ratios`` that leaves the least error on the layer's output (inputs of second moments ``h``). A range
+    shrunk by ``r`` has ``r`` times the scale and the same zero point (both ends shrink toward 0)."""
+    blocks = padded_rows(w, fmt).astype(np.float32)
+    hb = _diagonal_blocks(np.asarray(h, np.float64), fmt).astype(np.float32)
+    full, zero_points = block_scales(blocks, fmt)
+    best_ratio = np.ones(full.shape, np.float32)
+    best = _errors(blocks, full, zero_points, hb, fmt.top)
     for ratio in ratios:
         if ratio == 1.0:
             continue
-        scales, zero_points = block_scales(blocks * ratio, fmt)  # the range shrunk, the weights as they are
-        errors = _errors(blocks, scales, zero_points, hb, fmt)
+        errors = _errors(blocks, full * np.float32(ratio), zero_points, hb, fmt.top)
         better = errors < best
         best = np.where(better, errors, best)
-        best_scales = np.where(better, scales, best_scales)
-        best_zero_points = np.where(better, zero_points, best_zero_points)
-    return best_scales.astype(np.float32), best_zero_points.astype(np.uint8)
+        best_ratio = np.where(better, np.float32(ratio), best_ratio)
+    return (full * best_ratio).astype(np.float32), zero_points.astype(np.uint8)

@@ -61,22 +61,23 @@ def gptq(
     zero_points = np.zeros((n, fmt.blocks(k)), np.uint8)
     if order == "activation":
         scales, zero_points = given or block_scales(rows.reshape(n, -1, fmt.block_size), fmt)
-    w_perm = rows[:, perm].copy()
-    codes = np.zeros((n, size), np.uint8)
+    wt = np.ascontiguousarray(rows[:, perm].T)  # [size, n]: one input's weights contiguous (they are read in turn)
+    codes = np.zeros((size, n), np.uint8)
     for start in range(0, size, CHUNK):
         stop = min(start + CHUNK, size)
-        errors = np.empty((n, stop - start))
+        errors = np.empty((stop - start, n))
         for i in range(start, stop):
             column = perm[i]
             block = column // fmt.block_size
             if order == "natural" and column % fmt.block_size == 0:  # the block's scales, as the errors left it
-                found = block_scales(w_perm[:, None, i : i + fmt.block_size], fmt)
+                found = block_scales(wt[i : i + fmt.block_size].T[:, None, :], fmt)
                 scales[:, block], zero_points[:, block] = found[0][:, 0], found[1][:, 0]
             s, z = scales[:, block].astype(np.float64), zero_points[:, block].astype(np.float64)
-            code = np.clip(np.rint(w_perm[:, i] / s) + z, 0, fmt.top)
-            codes[:, column] = code
-            error = (w_perm[:, i] - (code - z) * s) / u[i, i]
-            w_perm[:, i + 1 : stop] -= np.outer(error, u[i, i + 1 : stop])
-            errors[:, i - start] = error
-        w_perm[:, stop:] -= errors @ u[start:stop, stop:]
+            code = np.clip(np.rint(wt[i] / s) + z, 0, fmt.top)
+            codes[column] = code
+            error = (wt[i] - (code - z) * s) / u[i, i]
+            wt[i + 1 : stop] -= np.outer(u[i, i + 1 : stop], error)
+            errors[i - start] = error
+        wt[stop:] -= u[start:stop, stop:].T @ errors
+    codes = np.ascontiguousarray(codes.T)
     return Blocked(codes, scales, zero_points, k, fmt)

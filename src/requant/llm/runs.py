@@ -8,6 +8,7 @@ of each window's tokens after its first, given the tokens before them in the win
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from requant.llm.decoder import Decoder, DecoderError
 from requant.report.latency import interleaved_latency_ms, session
@@ -40,6 +42,7 @@ def probe_session(decoder: Decoder, outputs: Sequence[str]) -> Any:
             proto.graph.output.add().name = name
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle while NumPy sums its outputs
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(decoder.path.parent))
     try:
         return cpu_session(proto.SerializeToString(), options)
@@ -56,10 +59,12 @@ def input_moments(
     totals: dict[str, Array] = {}
     started = time.perf_counter()
     for i, ids in enumerate(windows):
-        for name, x in zip(values, probe.run(list(values), decoder.feeds(ids)), strict=True):
-            rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
-            product = (rows.T @ rows).astype(np.float64)
-            totals[name] = totals[name] + product if name in totals else product
+        outputs = probe.run(list(values), decoder.feeds(ids))
+        with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # the session is idle (no spinning)
+            for name, x in zip(values, outputs, strict=True):
+                rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
+                product = (rows.T @ rows).astype(np.float64)
+                totals[name] = totals[name] + product if name in totals else product
         progress(i + 1, time.perf_counter() - started)
     return totals
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import onnx_ir as ir
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from requant.calibration.runner import terminal_progress
@@ -52,8 +53,6 @@ class Staged:
         self.folder = Path(self._folder.name)
         self.model_path = self.folder / decoder.path.name
         self.ir_model = decoder.model
-        import onnx_ir as ir
-
         ir.save(decoder.model, self.model_path, external_data=decoder.path.name + ".data")
         if decoder.folder is not None:  # its configuration and tokenizer, not its models nor their data
             for item in sorted(decoder.folder.iterdir()):
@@ -69,8 +68,8 @@ class Staged:
         folder (made if need be) with the model and the files of its onnxruntime-genai folder, each file
         written whole (a temporary file, then a rename; other files there are left alone)."""
         target = Path(path)
-        if target.suffix == ".onnx":
-            save_onnx(self.ir_model, target, external_data=True)
+        if target.suffix == ".onnx":  # read back from the staged copy (the source's folder may be gone by now)
+            save_onnx(ir.load(self.model_path), target, external_data=True)
             return
         if target.exists() and not target.is_dir():
             raise SaveError(f"'{target}' is a file: a language model is written to a folder (or to a path ending "
@@ -101,9 +100,13 @@ def _moments(decoder: Decoder, windows: list[Any], progress: Any) -> dict[str, A
     return {name: by_value[value] for name, value in layers.items()}
 
 
+def _perplexities(decoder: Decoder, staged: Staged, windows: list[Any]) -> tuple[float, float]:
+    """The float and the quantized model's perplexity on ``windows``."""
+    return perplexity(decoder, decoder.path, windows), perplexity(decoder, staged.model_path, windows)
+
+
 def _check(decoder: Decoder, staged: Staged, windows: list[Any], held_out: bool) -> dict[str, Any]:
-    before = perplexity(decoder, decoder.path, windows)
-    after = perplexity(decoder, staged.model_path, windows)
+    before, after = _perplexities(decoder, staged, windows)
     ratio = after / before
     checked: dict[str, Any] = {"windows": len(windows), "held_out": held_out, "float_perplexity": before,
                                "perplexity": after, "ratio": ratio, "poor": []}  # fmt: skip
@@ -115,8 +118,7 @@ def _check(decoder: Decoder, staged: Staged, windows: list[Any], held_out: bool)
 
 def _evaluate(decoder: Decoder, staged: Staged, text: Any, tokenizer: Any, measure: bool) -> dict[str, Any]:
     windows = token_windows(read_text(text, "evaluation"), tokenizer, EVALUATION_WINDOWS, "evaluation")
-    before = perplexity(decoder, decoder.path, windows)
-    after = perplexity(decoder, staged.model_path, windows)
+    before, after = _perplexities(decoder, staged, windows)
     found: dict[str, Any] = {"evaluation": {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows),
                                             "float_perplexity": before, "perplexity": after,
                                             "increase": after - before}}  # fmt: skip
