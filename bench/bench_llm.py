@@ -140,7 +140,6 @@ def main() -> None:
     global BLOCK
     BLOCK = args.block
     warnings.filterwarnings("ignore")
-    import requant
     from requant.llm.decoder import open_decoder
     from requant.llm.runs import PREFILL, latency_ms, perplexity
     from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, load_tokenizer, read_text, token_windows
@@ -160,21 +159,11 @@ def main() -> None:
     paths: dict[str, Path] = {}
     for tool in args.tools.split(","):
         started = time.perf_counter()
-        extra: dict[str, Any] = {}
-        if tool in ("ort_rtn", "ort_hqq"):
-            paths[tool] = _ort(genai, root / tool, hqq=tool == "ort_hqq")
-        elif tool == "genai_int4":
-            paths[tool] = _genai_int4(hf, root / tool)
-        elif tool == "nncf_awq_se":
-            try:
-                paths[tool], extra["group_size"] = _nncf(genai, root / tool, calib_windows, decoder)
-            except RuntimeError as exc:  # recorded, and the bench goes on
-                results["tools"][tool] = {"refused": str(exc)}
-                continue
-        else:
-            requant.quantize(genai, str(calib), quantizer=preset_quantizer(), block_size=BLOCK, measure=False,
-                             output=root / tool)  # fmt: skip
-            paths[tool] = root / tool / "model.onnx"
+        try:
+            paths[tool], extra = _quantized(tool, root, hf, genai, calib, calib_windows, decoder)
+        except RuntimeError as exc:  # a tool that refuses the model: recorded, and the bench goes on
+            results["tools"][tool] = {"refused": str(exc)}
+            continue
         seconds = time.perf_counter() - started
         figures = {"seconds": seconds, "bytes": _size(paths[tool]), "perplexity": perplexity(decoder, paths[tool], windows),
                    **extra}  # fmt: skip
@@ -187,6 +176,31 @@ def main() -> None:
         results["float"][f"{step}_ms"] = times[0]
         for tool, t in zip(paths, times[1:], strict=True):
             results["tools"][tool][f"{step}_ms"] = t
+    _print_ratios(results)
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _quantized(
+    tool: str, root: Path, hf: Path, genai: Path, calib: Path, windows: list[Any], decoder: Any
+) -> tuple[Path, dict[str, Any]]:
+    """The model ``tool`` writes (in ``root / tool``), and what it adds to the figures."""
+    if tool in ("ort_rtn", "ort_hqq"):
+        return _ort(genai, root / tool, hqq=tool == "ort_hqq"), {}
+    if tool == "genai_int4":
+        return _genai_int4(hf, root / tool), {}
+    if tool == "nncf_awq_se":
+        path, group = _nncf(genai, root / tool, windows, decoder)
+        return path, {"group_size": group}
+    import requant
+
+    requant.quantize(
+        genai, str(calib), quantizer=preset_quantizer(), block_size=BLOCK, measure=False, output=root / tool
+    )
+    return root / tool / "model.onnx", {}
+
+
+def _print_ratios(results: dict[str, Any]) -> None:
+    """Each tool's figures against float, then requant's increase against the best peer's."""
     base = results["float"]["perplexity"]
     for tool, f in results["tools"].items():
         if "refused" in f:
@@ -197,16 +211,14 @@ def main() -> None:
             f"{tool:12s} +{f['increase']:.3f} perplexity, {f['bytes'] / 1e6:6.1f} MB, quantize {f['seconds']:6.1f} s, "
             f"prefill {f['prefill_ms']:.1f} ms, decode {f['decode_ms']:.2f} ms (float {results['float']['decode_ms']:.2f})"
         )
-    if "requant" in results["tools"]:
-        peers = {t: f for t, f in results["tools"].items() if t != "requant" and "refused" not in f}
-        if peers:
-            best = min(peers, key=lambda t: peers[t]["increase"])
-            ours = results["tools"]["requant"]
-            print(
-                f"requant's increase / best peer's ({best}): {ours['increase'] / peers[best]['increase']:.2f}; "
-                f"decode latency / ort_rtn's: {ours['decode_ms'] / results['tools'].get('ort_rtn', ours)['decode_ms']:.2f}"
-            )
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    peers = {t: f for t, f in results["tools"].items() if t != "requant" and "refused" not in f}
+    if "requant" in results["tools"] and peers:
+        best = min(peers, key=lambda t: peers[t]["increase"])
+        ours = results["tools"]["requant"]
+        print(
+            f"requant's increase / best peer's ({best}): {ours['increase'] / peers[best]['increase']:.2f}; "
+            f"decode latency / ort_rtn's: {ours['decode_ms'] / results['tools'].get('ort_rtn', ours)['decode_ms']:.2f}"
+        )
 
 
 def preset_quantizer() -> Any:
