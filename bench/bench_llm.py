@@ -71,10 +71,6 @@ def _float_model(root: Path) -> tuple[Path, Path]:
     return root / "hf", root / "genai"
 
 
-def _size(model: Path) -> int:
-    return sum(f.stat().st_size for f in model.parent.iterdir() if f.name.startswith(model.name))
-
-
 def _ort(genai: Path, out: Path, hqq: bool) -> Path:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -140,8 +136,8 @@ def main() -> None:
     global BLOCK
     BLOCK = args.block
     warnings.filterwarnings("ignore")
-    from requant.llm.decoder import open_decoder
-    from requant.llm.runs import PREFILL, latency_ms, perplexity
+    from requant.llm.decoder import model_bytes, open_decoder
+    from requant.llm.runs import PREFILL, latency_ms, perplexity, session
     from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, load_tokenizer, read_text, token_windows
 
     root = Path(tempfile.mkdtemp(prefix="bench-llm-"))
@@ -154,7 +150,8 @@ def main() -> None:
     results: dict[str, Any] = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, genai builder fp32)",
                                "format": f"4 bits, symmetric, blocks of {BLOCK}", "eval_windows": len(windows),
                                "machine": platform.processor() or platform.machine(), "tools": {}}  # fmt: skip
-    results["float"] = {"perplexity": perplexity(decoder, decoder.path, windows), "bytes": _size(decoder.path)}
+    runs = {"float": session(str(decoder.path))}
+    results["float"] = {"perplexity": perplexity(decoder, runs["float"], windows), "bytes": model_bytes(decoder.path)}
     print(f"float: perplexity {results['float']['perplexity']:.3f}, {results['float']['bytes'] / 1e6:.1f} MB")
     paths: dict[str, Path] = {}
     for tool in args.tools.split(","):
@@ -165,13 +162,14 @@ def main() -> None:
             results["tools"][tool] = {"refused": str(exc)}
             continue
         seconds = time.perf_counter() - started
-        figures = {"seconds": seconds, "bytes": _size(paths[tool]), "perplexity": perplexity(decoder, paths[tool], windows),
+        runs[tool] = session(str(paths[tool]))
+        figures = {"seconds": seconds, "bytes": model_bytes(paths[tool]), "perplexity": perplexity(decoder, runs[tool], windows),
                    **extra}  # fmt: skip
         results["tools"][tool] = figures
         print(
             f"{tool}: perplexity {figures['perplexity']:.3f}, {figures['bytes'] / 1e6:.1f} MB, {seconds:.1f} s {extra or ''}"
         )
-    ms = latency_ms(decoder, [decoder.path, *paths.values()], windows[0][:, :PREFILL])
+    ms = latency_ms(decoder, list(runs.values()), windows[0][:, :PREFILL])
     for step, times in ms.items():
         results["float"][f"{step}_ms"] = times[0]
         for tool, t in zip(paths, times[1:], strict=True):

@@ -25,6 +25,7 @@ from requant.options import OPTIONS, Options, preflight
 from requant.report.agreement import Reference
 from requant.runtime import one_blas_thread
 from requant.stages import joins
+from requant.stages.blocks import quantize_blocks
 from requant.stages.budget import keep_float_below, within_budget
 from requant.stages.check import check
 from requant.stages.choose import choose_method
@@ -148,13 +149,6 @@ def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: 
     report["quantize_seconds"] = seconds
     report["summary"] = summary(report)
     return QuantizedModel(None, report, pte=run.lowered.pte)
-
-
-def quantize_blocks(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:
-    """Language models' weight-only blocks (:mod:`requant.stages.blocks`)."""
-    from requant.stages import blocks
-
-    return blocks.quantize_blocks(model, calibration_data, options, started)  # type: ignore[no-any-return]
 
 
 # each flow's stages, by Options.flow (the target's backend, or "blocks" for a weight-only block preset)

@@ -168,11 +168,9 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None, checker: bool 
             f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}; requant knows {sorted(KNOWN_DOMAINS)}"
         )
     try:
-        if not checker:
-            pass
-        elif path is not None:  # the checker resolves external data (and > 2 GB models) from the path
+        if checker and path is not None:  # the checker resolves external data (and > 2 GB models) from the path
             onnx.checker.check_model(os.fspath(path), full_check=False)
-        else:
+        elif checker:
             onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]

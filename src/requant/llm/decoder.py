@@ -31,7 +31,7 @@ import onnx_ir as ir
 from requant.errors import RequantError
 from requant.frontends import load_onnx
 
-__all__ = ["Decoder", "DecoderError", "Past", "export_genai", "gguf_to_hf", "open_decoder"]
+__all__ = ["Decoder", "DecoderError", "Past", "export_genai", "gguf_to_hf", "model_bytes", "open_decoder"]
 
 Array = npt.NDArray[Any]
 GENAI_CONFIG = "genai_config.json"
@@ -91,6 +91,11 @@ class Decoder:
             if present in outputs:
                 found[p.name] = outputs[present]
         return found
+
+
+def model_bytes(path: Path) -> int:
+    """An ONNX model's bytes: its file and the external data files beside it named after it."""
+    return sum(f.stat().st_size for f in path.parent.iterdir() if f.name.startswith(path.name))
 
 
 def _genai_sizes(config: dict[str, Any] | None) -> tuple[int | None, int | None]:

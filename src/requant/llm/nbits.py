@@ -50,11 +50,13 @@ def tied_gathers(graph: ir.Graph) -> dict[str, list[tuple[ir.Node, ir.Node]]]:
     return found
 
 
-def linear_weights(graph: ir.Graph) -> dict[str, tuple[ir.Node, ir.Value]]:
+def linear_weights(
+    graph: ir.Graph, ties: Mapping[str, list[tuple[ir.Node, ir.Node]]] | None = None
+) -> dict[str, tuple[ir.Node, ir.Value]]:
     """The ``MatMul`` nodes with a 2-d float32 initializer weight of their own (or shared only with tied
-    embeddings: :func:`tied_gathers`), by node name, in graph order."""
+    embeddings: ``ties``, :func:`tied_gathers`' when not given), by node name, in graph order."""
     found = {}
-    ties = tied_gathers(graph)
+    ties = tied_gathers(graph) if ties is None else ties
     for node in graph:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
             continue
@@ -132,24 +134,25 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
     each one's output SQNR, how its tied embedding reads it, or why it stayed float)."""
     graph, moments = model.graph, moments or {}
     records: list[dict[str, Any]] = []
-    layers, ties, started = linear_weights(graph), tied_gathers(graph), time.perf_counter()
-    base = fmt
+    ties, started = tied_gathers(graph), time.perf_counter()
+    layers = linear_weights(graph, ties)
     for name, (node, weight) in layers.items():
         if progress is not None:
             progress(len(records), time.perf_counter() - started)
         w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
         k, n = w.shape
-        fmt = tied_format if tied_format is not None and str(weight.name) in ties else base
-        record: dict[str, Any] = {"node": name, "k": int(k), "n": int(n), "bits": fmt.bits}
-        if k < fmt.block_size:
-            records.append({**record, "float": f"K = {k} is less than one block of {fmt.block_size}"})
+        layer_fmt = tied_format if tied_format is not None and str(weight.name) in ties else fmt
+        record: dict[str, Any] = {"node": name, "k": int(k), "n": int(n), "bits": layer_fmt.bits}
+        if k < layer_fmt.block_size:
+            records.append({**record, "float": f"K = {k} is less than one block of {layer_fmt.block_size}"})
             continue
         h = moments.get(name)
         if h is None:
-            blocked, record["rounding"] = round_to_nearest(w, fmt), {"chosen": "nearest", "why": "no input moments"}
+            blocked = round_to_nearest(w, layer_fmt)
+            record["rounding"] = {"chosen": "nearest", "why": "no input moments"}
         else:
-            blocked, record["rounding"] = round_layer(w, h, fmt, methods)
-        stored = _replace(graph, node, weight, fmt, blocked)
+            blocked, record["rounding"] = round_layer(w, h, layer_fmt, methods)
+        stored = _replace(graph, node, weight, layer_fmt, blocked)
         tied = ties.get(str(weight.name), [])
         if tied:
             record["tied"] = {str(g.name): _tie(graph, t, g, stored, blocked) for t, g in tied}

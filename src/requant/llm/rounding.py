@@ -57,27 +57,15 @@ def _activation_order_pair(w: Array, h: Array, fmt: BlockFormat, clip: tuple[Arr
             for method, part in zip(("gptq_activation_order", "clip_gptq"), halves, strict=True)}  # fmt: skip
 
 
-def _rounded(method: str, w: Array, h: Array, fmt: BlockFormat, found: dict[str, Any]) -> Blocked:
-    """``w`` rounded by ``method``; ``found`` keeps what methods share: the clipping search's scales
-    (``"clip"``), and the two activation-order GPTQs, made in one pass when both are asked for (``"pair"``:
-    whether to, then ``"ready"``: the roundings made)."""
-    if method.startswith("clip") or found["pair"]:
-        found.setdefault("clip", None)
-        if found["clip"] is None:
-            found["clip"] = clipped_scales(w, h, fmt)
-    ready: dict[str, Blocked] = found.setdefault("ready", {})
-    if method in ready:
-        return ready.pop(method)
+def _rounded(method: str, w: Array, h: Array, fmt: BlockFormat, clip: tuple[Array, Array] | None) -> Blocked:
+    """``w`` rounded by ``method`` (``clip``: the clipping search's scales and zero points, for its methods)."""
     if method == "nearest":
         return round_to_nearest(w, fmt)
     if method == "clip":
-        scales, zero_points = found["clip"]
-        return quantize_with(w, scales, zero_points, fmt)
-    if method in ("gptq_activation_order", "clip_gptq") and found["pair"]:
-        ready.update(_activation_order_pair(w, h, fmt, found["clip"]))
-        return ready.pop(method)
+        assert clip is not None
+        return quantize_with(w, clip[0], clip[1], fmt)
     if method == "clip_gptq":
-        return gptq(w, h, fmt, order="activation", given=found["clip"])
+        return gptq(w, h, fmt, order="activation", given=clip)
     return gptq(w, h, fmt, order="activation" if method == "gptq_activation_order" else "natural")
 
 
@@ -93,10 +81,11 @@ def round_layer(
     signal = float(np.sum((np.asarray(h, np.float64) @ wd) * wd))
     best: tuple[float, str, Blocked] | None = None
     scores: dict[str, float] = {}
+    clip = clipped_scales(w, h, fmt) if any(m.startswith("clip") for m in methods) else None
     pair = "gptq_activation_order" in methods and "clip_gptq" in methods and w.shape[1] <= PAIR_MAX_OUTPUTS
-    found: dict[str, Any] = {"pair": pair}
+    ready = _activation_order_pair(w, h, fmt, clip) if pair and clip is not None else {}
     for method in methods:
-        blocked = _rounded(method, w, h, fmt, found)
+        blocked = ready[method] if method in ready else _rounded(method, w, h, fmt, clip)
         error = output_error(w, blocked, h)
         scores[method] = _db(signal, error)
         if best is None or error < best[0]:

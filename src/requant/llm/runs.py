@@ -11,7 +11,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from requant.llm.decoder import Decoder, DecoderError
 from requant.report.latency import interleaved_latency_ms, session
 
-__all__ = ["input_moments", "latency_ms", "perplexity", "probe_session"]
+__all__ = ["input_moments", "latency_ms", "perplexity", "probe_session", "session"]
 
 Array = npt.NDArray[Any]
 PREFILL = 128  # tokens of the prefill whose latency is measured; the decoding step follows it
@@ -77,9 +76,8 @@ def _window_nll(logits: Array, ids: Array) -> float:
     return float(np.sum(log_norm - z[np.arange(z.shape[0]), ids[0, 1:]]))
 
 
-def perplexity(decoder: Decoder, model_path: Path, windows: Sequence[Array]) -> float:
-    """The perplexity of the model at ``model_path`` (fed as ``decoder``'s) on ``windows``."""
-    run = session(str(model_path))
+def perplexity(decoder: Decoder, run: Any, windows: Sequence[Array]) -> float:
+    """The perplexity on ``windows`` of the model ``run`` runs (a session, fed as ``decoder``'s: :func:`session`)."""
     total, count = 0.0, 0
     for ids in windows:
         (logits,) = run.run(["logits"], decoder.feeds(ids))
@@ -88,10 +86,10 @@ def perplexity(decoder: Decoder, model_path: Path, windows: Sequence[Array]) -> 
     return math.exp(total / count) if count and math.isfinite(total) else math.inf
 
 
-def latency_ms(decoder: Decoder, model_paths: Sequence[Path], prompt: Array) -> dict[str, list[float]]:
-    """Each model's milliseconds for a prefill of ``prompt`` (``[1, PREFILL]`` tokens or fewer) and for one
-    decoding step after it, measured interleaved (:mod:`requant.report.latency`)."""
-    runs = [session(str(p)) for p in model_paths]
+def latency_ms(decoder: Decoder, runs: Sequence[Any], prompt: Array) -> dict[str, list[float]]:
+    """Each session's milliseconds for a prefill of ``prompt`` (``[1, PREFILL]`` tokens or fewer) and for one
+    decoding step after it, measured interleaved (:mod:`requant.report.latency`; sessions made by
+    :func:`session`: two threads, not spinning)."""
     prefill = decoder.feeds(prompt)
     names = [o.name for o in runs[0].get_outputs()]
     first = dict(zip(names, runs[0].run(None, prefill), strict=True))

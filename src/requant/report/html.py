@@ -309,7 +309,7 @@ def _speed_and_size(report: Mapping[str, Any]) -> list[str]:
     return parts if len(parts) > 1 else []
 
 
-def _executorch(report: Mapping[str, Any]) -> list[str]:
+def _section_tables(report: Mapping[str, Any]) -> list[str]:
     parts = []
     for title, header, rows in [*executorch_tables(report), *blocks_tables(report)]:
         parts += [f"<h2>{html.escape(title)}</h2>", _table(list(header), [list(r) for r in rows])]
@@ -416,7 +416,7 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
         _equalization,
         _budget,
         _speed_and_size,
-        _executorch,
+        _section_tables,
         _lint,
         _decisions,
     ):

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
@@ -29,10 +29,14 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from requant.calibration.runner import terminal_progress
 from requant.frontends import SaveError, save_onnx
 from requant.llm.blocks import BlockFormat
-from requant.llm.decoder import Decoder, open_decoder
+from requant.llm.decoder import Decoder, model_bytes, open_decoder
 from requant.llm.nbits import linear_weights, to_matmul_nbits
-from requant.llm.runs import PREFILL, input_moments, latency_ms, perplexity
+from requant.llm.runs import PREFILL, input_moments, latency_ms, perplexity, session
 from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
+
+if TYPE_CHECKING:
+    from requant.options import Options
+    from requant.pipeline import QuantizedModel
 
 __all__ = ["FAR", "METHODS", "Staged", "alarm_lines", "lines", "quantize_blocks", "tied_format"]
 
@@ -58,10 +62,6 @@ class Staged:
             for item in sorted(decoder.folder.iterdir()):
                 if item.is_file() and item.suffix not in (".onnx", ".data") and not item.name.startswith("."):
                     shutil.copy2(item, self.folder / item.name)
-
-    def size(self) -> int:
-        """The model's bytes: its file and its external data."""
-        return sum(f.stat().st_size for f in self.folder.iterdir() if f.name.startswith(self.model_path.name))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """A path ending in ``.onnx``: the model there, its weights in ``<name>.data`` beside it; any other: a
@@ -100,13 +100,14 @@ def _moments(decoder: Decoder, windows: list[Any], progress: Any) -> dict[str, A
     return {name: by_value[value] for name, value in layers.items()}
 
 
-def _perplexities(decoder: Decoder, staged: Staged, windows: list[Any]) -> tuple[float, float]:
-    """The float and the quantized model's perplexity on ``windows``."""
-    return perplexity(decoder, decoder.path, windows), perplexity(decoder, staged.model_path, windows)
+def _perplexities(decoder: Decoder, runs: list[Any], windows: list[Any]) -> tuple[float, float]:
+    """The float and the quantized model's perplexity on ``windows`` (``runs``: their sessions)."""
+    before, after = (perplexity(decoder, run, windows) for run in runs)
+    return before, after
 
 
-def _check(decoder: Decoder, staged: Staged, windows: list[Any], held_out: bool) -> dict[str, Any]:
-    before, after = _perplexities(decoder, staged, windows)
+def _check(decoder: Decoder, runs: list[Any], windows: list[Any], held_out: bool) -> dict[str, Any]:
+    before, after = _perplexities(decoder, runs, windows)
     ratio = after / before
     checked: dict[str, Any] = {"windows": len(windows), "held_out": held_out, "float_perplexity": before,
                                "perplexity": after, "ratio": ratio, "poor": []}  # fmt: skip
@@ -116,14 +117,14 @@ def _check(decoder: Decoder, staged: Staged, windows: list[Any], held_out: bool)
     return checked
 
 
-def _evaluate(decoder: Decoder, staged: Staged, text: Any, tokenizer: Any, measure: bool) -> dict[str, Any]:
+def _evaluate(decoder: Decoder, runs: list[Any], text: Any, tokenizer: Any, measure: bool) -> dict[str, Any]:
     windows = token_windows(read_text(text, "evaluation"), tokenizer, EVALUATION_WINDOWS, "evaluation")
-    before, after = _perplexities(decoder, staged, windows)
+    before, after = _perplexities(decoder, runs, windows)
     found: dict[str, Any] = {"evaluation": {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows),
                                             "float_perplexity": before, "perplexity": after,
                                             "increase": after - before}}  # fmt: skip
     if measure:
-        ms = latency_ms(decoder, [decoder.path, staged.model_path], windows[0][:, :PREFILL])
+        ms = latency_ms(decoder, runs, windows[0][:, :PREFILL])
         found["latency"] = {step: {"float_ms": f, "quantized_ms": q, "ratio": q / f} for step, (f, q) in ms.items()}
     return found
 
@@ -143,10 +144,10 @@ def _format(fmt: BlockFormat) -> dict[str, Any]:
             "type": f"!quant.uniform<{storage}:f32:{{0:{fmt.block_size}}}, ...>"}  # fmt: skip
 
 
-def quantize_blocks(model: Any, calibration_data: Any, options: Any, started: float) -> Any:
+def quantize_blocks(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:
     """The flow of this module (see its docstring): a :class:`~requant.pipeline.QuantizedModel` whose
     ``staged`` folder holds the quantized model."""
-    from requant.pipeline import QuantizedModel
+    from requant.pipeline import QuantizedModel  # (it imports this module's flow)
 
     fmt = options.block_format
     decoder = open_decoder(model, options.tokenizer)
@@ -168,11 +169,13 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Any, started: fl
                      "calibration": {"windows": len(calibration), "window": WINDOW,
                                      "tokens": sum(w.shape[1] for w in calibration)},
                      "roundings": dict(sorted(chosen.items())), "layers": records,
-                     "size": {"float_bytes": _size(decoder), "quantized_bytes": staged.size()}}  # fmt: skip
-    report["outputs"] = _check(decoder, staged, check_windows, held_out)
+                     "size": {"float_bytes": model_bytes(decoder.path),
+                              "quantized_bytes": model_bytes(staged.model_path)}}  # fmt: skip
+    runs = [session(str(decoder.path)), session(str(staged.model_path))]  # float and quantized, opened once
+    report["outputs"] = _check(decoder, runs, check_windows, held_out)
     lap("check")
     if options.eval_data is not None:
-        report["llm"].update(_evaluate(decoder, staged, options.eval_data, tokenizer, options.measure))
+        report["llm"].update(_evaluate(decoder, runs, options.eval_data, tokenizer, options.measure))
         lap("evaluation")
     report["llm"]["seconds"] = seconds
     report["quantize_seconds"] = time.perf_counter() - started
@@ -200,11 +203,6 @@ def _laps() -> tuple[dict[str, float], Callable[[str], None]]:
         seconds[name], last[0] = now - last[0], now
 
     return seconds, lap
-
-
-def _size(decoder: Decoder) -> int:
-    """The float model's bytes: its file and the external data files beside it."""
-    return sum(f.stat().st_size for f in decoder.path.parent.iterdir() if f.name.startswith(decoder.path.name))
 
 
 def lines(report: Mapping[str, Any]) -> list[str]:
