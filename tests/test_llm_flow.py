@@ -258,3 +258,30 @@ def test_a_decoder_no_faster_than_float_and_a_far_perplexity_are_said_first() ->
     assert first[1].startswith("SLOWER THAN FLOAT: one decoding step takes 1.20x the float model's time")
     report["llm"]["latency"]["decode"].update(quantized_ms=5.0, ratio=0.5)
     assert "SLOWER" not in summary(report)
+
+
+def test_an_output_folder_is_written_whole_or_not_at_all(
+    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    result = quantize(tiny["genai"], str(tiny["calib"]), blocks(measure=False))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    copied: list[str] = []
+    real = shutil.copyfile
+
+    def full_disk(src: Any, dst: Any) -> Any:
+        if copied:  # the second file fails
+            raise OSError(28, "No space left on device")
+        copied.append(str(src))
+        return real(src, dst)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    with pytest.raises(RequantError, match="could not write the model to .*No space left on device"):
+        result.save(out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing of the model, the user's file untouched
+    monkeypatch.undo()
+    result.save(out)
+    assert {"model.onnx", "model.onnx.data", "genai_config.json", "notes.txt"} <= {p.name for p in out.iterdir()}

@@ -5,11 +5,12 @@ open the decoder (:mod:`requant.llm.decoder`) -> tokenize the calibration text i
 (:mod:`requant.llm.text`) -> gather each linear layer's input moments on the
 windows -> round each layer's weight by the rounding that leaves the least error on its output
 (:mod:`requant.llm.rounding`) -> write ``MatMulNBits`` -> check the perplexity against float on held-out
-windows (far: an alarm, ``--strict`` exits 3) -> with ``--eval TEXT``: perplexity, and the latency of a
-prefill and of one decoding step, float and quantized, interleaved.
+windows (far: an alarm, ``--strict`` exits 3) -> with ``--eval TEXT``: perplexity -> the latency of a prefill
+and of one decoding step, float and quantized, interleaved (unless ``--no-measure``; slower than float: an
+alarm).
 
-Records: ``llm`` (the model, the format, the calibration, each layer's rounding, the size; with ``--eval``
-its ``evaluation`` and ``latency``) and ``outputs`` (the held-out check).
+Records: ``llm`` (the model, the format, the calibration, each layer's rounding, the size, ``latency``; with
+``--eval`` its ``evaluation``) and ``outputs`` (the held-out check).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class Staged:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """A path ending in ``.onnx``: the model there, its weights in ``<name>.data`` beside it; any other: a
-        folder (made if need be) with the model and the files of its onnxruntime-genai folder, each file
-        written whole (a temporary file, then a rename; other files there are left alone)."""
+        folder (made if need be) with the model and the files of its onnxruntime-genai folder, written whole or
+        not at all (temporary files, then renames; other files there are left alone)."""
         target = Path(path)
         if target.suffix == ".onnx":  # read back from the staged copy (the source's folder may be gone by now)
             save_onnx(ir.load(self.model_path), target, external_data=True)
@@ -74,14 +75,19 @@ class Staged:
         if target.exists() and not target.is_dir():
             raise SaveError(f"'{target}' is a file: a language model is written to a folder (or to a path ending "
                             "in .onnx)")  # fmt: skip
+        staged: list[tuple[Path, Path]] = []
         try:
             target.mkdir(parents=False, exist_ok=True)
-            for item in sorted(self.folder.iterdir()):
-                partial = target / f".{item.name}.{os.getpid()}.partial"
-                shutil.copyfile(item, partial)
-                partial.replace(target / item.name)
+            for item in sorted(self.folder.iterdir()):  # every file copied first, then all renamed: whole or none
+                staged.append((target / f".{item.name}.{os.getpid()}.partial", target / item.name))
+                shutil.copyfile(item, staged[-1][0])
+            for partial, final in staged:
+                partial.replace(final)
         except OSError as exc:
             raise SaveError(f"could not write the model to '{target}': {exc.strerror or exc}") from None
+        finally:
+            for partial, _ in staged:
+                partial.unlink(missing_ok=True)
 
 
 def _split(windows: list[Any]) -> tuple[list[Any], list[Any], bool]:
@@ -117,16 +123,17 @@ def _check(decoder: Decoder, runs: list[Any], windows: list[Any], held_out: bool
     return checked
 
 
-def _evaluate(decoder: Decoder, runs: list[Any], text: Any, tokenizer: Any, measure: bool) -> dict[str, Any]:
+def _evaluate(decoder: Decoder, runs: list[Any], text: Any, tokenizer: Any) -> dict[str, Any]:
     windows = token_windows(read_text(text, "evaluation"), tokenizer, EVALUATION_WINDOWS, "evaluation")
     before, after = _perplexities(decoder, runs, windows)
-    found: dict[str, Any] = {"evaluation": {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows),
-                                            "float_perplexity": before, "perplexity": after,
-                                            "increase": after - before}}  # fmt: skip
-    if measure:
-        ms = latency_ms(decoder, runs, windows[0][:, :PREFILL])
-        found["latency"] = {step: {"float_ms": f, "quantized_ms": q, "ratio": q / f} for step, (f, q) in ms.items()}
-    return found
+    return {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows), "float_perplexity": before,
+            "perplexity": after, "increase": after - before}  # fmt: skip
+
+
+def _latency(decoder: Decoder, runs: list[Any], prompt: Any) -> dict[str, Any]:
+    """A prefill of ``prompt`` and one decoding step, float and quantized, interleaved."""
+    ms = latency_ms(decoder, runs, prompt[:, :PREFILL])
+    return {step: {"float_ms": f, "quantized_ms": q, "ratio": q / f} for step, (f, q) in ms.items()}
 
 
 def alarm_lines(report: Mapping[str, Any]) -> list[str]:
@@ -175,8 +182,11 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     report["outputs"] = _check(decoder, runs, check_windows, held_out)
     lap("check")
     if options.eval_data is not None:
-        report["llm"].update(_evaluate(decoder, runs, options.eval_data, tokenizer, options.measure))
+        report["llm"]["evaluation"] = _evaluate(decoder, runs, options.eval_data, tokenizer)
         lap("evaluation")
+    if options.measure:  # always (unless --no-measure): a decoder slower than float is said first
+        report["llm"]["latency"] = _latency(decoder, runs, check_windows[0])
+        lap("latency")
     report["llm"]["seconds"] = seconds
     report["quantize_seconds"] = time.perf_counter() - started
     from requant.stages.report import summary
