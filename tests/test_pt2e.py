@@ -248,3 +248,29 @@ def test_smoothing_moves_outlier_channels_into_the_weights_and_computes_the_same
     np.testing.assert_allclose(unscaled(prepared, "mul_tensor", values["mul_tensor"]), values["float layer_norm"],
                                rtol=1e-5, atol=1e-5)  # fmt: skip
     assert _calibrated(net, data, smoothing=0)[2]["smoothing"] == {"alpha": None, "not_applied": "off", "inputs": []}
+
+
+def test_looking_at_a_prepared_module_counts_nothing() -> None:
+    """Bias correction reads its kernels' input means from the prepared module: its observers pass those runs'
+    values through without adding them to their statistics (the method choice already read them)."""
+    from requant.pt2e.observer import RequantObserver
+    from requant.pt2e.quantizer import look_at_outputs
+
+    samples = [torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    prepared, _ = _annotated("defaults")
+    with torch.no_grad():
+        for x in samples:
+            prepared(x)
+    observers = [m for m in prepared.modules() if isinstance(m, RequantObserver)]
+
+    def counts() -> list[Any]:
+        return [(m.method, m.quantized_type()) for m in observers]
+
+    before = counts()
+    seen: list[str] = []
+    look_at_outputs(prepared, [(x * 10,) for x in samples], lambda n, out: seen.append(n.name))
+    assert seen and counts() == before
+    assert not any(m.paused for m in observers)  # observing again afterwards
+    with torch.no_grad():
+        prepared(samples[0] * 10)
+    assert counts() != before

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.calibration.moments import MOMENTS_KEY, InputMoments, Patches, measured_kernel
-from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, extremes, make_observer
+from requant.calibration.observers import CalibrationError, MinMaxObserver, Observer, make_observer, observe
 from requant.calibration.runner import Kept, Progress, collect
 from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_parameter_type, set_quant_type
@@ -100,27 +100,15 @@ class StatisticsCache:
 
 
 class _Fanout(Observer):
-    """Several observers of one tensor fed in the same pass (each keeps its own statistics)."""
+    """Several observers of one tensor fed in the same pass (each keeps its own statistics; the array's
+    extremes found once for all, :func:`~requant.calibration.observers.observe`)."""
 
     def __init__(self, observers: list[Observer]) -> None:
         self.observers = observers
         self.batchable = all(o.batchable for o in observers)
-        # minmax and mean_minmax (method="auto"): one min and max of the array for all of them
-        self.extremes: list[MinMaxObserver] = []
-        self.others: list[Observer] = []
-        for o in observers:
-            if isinstance(o, MinMaxObserver) and o.axis is None:
-                self.extremes.append(o)
-            else:
-                self.others.append(o)
 
     def update(self, array: Any) -> None:
-        found = extremes(array) if self.extremes else None
-        if found is not None:
-            for each in self.extremes:
-                each.add_extremes(found[1], found[2])
-        for other in self.others:
-            other.update(array)
+        observe(self.observers, array)
 
 
 def _activation_spec(value: ir.Value, requested: QuantizationSpec, method: str | None) -> QuantizationSpec:

@@ -44,6 +44,7 @@ __all__ = [
     "Observer",
     "extremes",
     "make_observer",
+    "observe",
     "register_method",
 ]
 
@@ -103,6 +104,22 @@ def extremes(array: Array) -> tuple[Array, float, float] | None:
     if values.size == 0:
         return None
     return values, float(values.min()), float(values.max())
+
+
+def observe(observers: list[Observer], array: Array) -> None:
+    """Update each of ``observers`` with ``array``, its finite values and extremes found once (:func:`extremes`)
+    for those that read them: per-tensor min/max observers (``add_extremes``) and histograms."""
+    found: Any = None
+    for o in observers:
+        shares = isinstance(o, HistogramObserver) or (isinstance(o, MinMaxObserver) and o.axis is None)
+        if not shares:
+            o.update(array)
+            continue
+        found = found or extremes(np.asarray(array).reshape(-1)) or ()
+        if found and isinstance(o, HistogramObserver):
+            o.histogram.add(*found)
+        elif found:
+            o.add_extremes(found[1], found[2])  # type: ignore[attr-defined]
 
 
 def _per_axis(array: Array, axis: int) -> tuple[Array, Array]:
@@ -259,17 +276,23 @@ class Histogram:
 
     def update(self, values: Array) -> None:
         found = extremes(np.asarray(values).reshape(-1))
-        if found is None:
-            return
-        values, lo, hi = found
+        if found is not None:
+            self.add(*found)
+
+    def add(self, values: Array, lo: float, hi: float) -> None:
+        """Count ``values`` (finite, flat), whose extremes are ``lo`` and ``hi`` (:func:`extremes`)."""
         self.data_lo, self.data_hi = min(self.data_lo, lo), max(self.data_hi, hi)
         self._widen(lo, hi)
         # bin index in the values' own precision (float32 for float32 tensors: half the time of float64);
-        # a value on a bin edge may land on either side of it
+        # a value on a bin edge may land on either side of it. The values lie in [lo, hi] and lo is at most
+        # the least (also once rounded to float32: the least float32 at or above it), so the index is at
+        # least 0 and at most bins (hi): bin bins - 1 takes what lands past it, as a clip would
         kind = values.dtype if values.dtype.kind == "f" else np.dtype(np.float64)
-        index = ((values - kind.type(self.lo)) * kind.type(self.bins / (self.hi - self.lo))).astype(np.intp)
-        np.clip(index, 0, self.bins - 1, out=index)
-        self.counts += np.bincount(index, minlength=self.bins)
+        scaled = np.subtract(values, kind.type(self.lo), dtype=kind)
+        scaled *= kind.type(self.bins / (self.hi - self.lo))
+        counts = np.bincount(scaled.astype(np.intp), minlength=self.bins + 1)
+        counts[self.bins - 1] += counts[self.bins :].sum()
+        self.counts += counts[: self.bins]
 
     def merge(self, other: Histogram) -> None:
         if other.empty:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torchao.quantization.pt2e import ObserverBase
 
-from requant.calibration.observers import CalibrationError, HistogramObserver, Observer, make_observer
+from requant.calibration.observers import CalibrationError, HistogramObserver, Observer, make_observer, observe
 from requant.ir.requests import FixedSpec, QuantizationSpec
 
 __all__ = ["RequantObserver", "RequantPerChannelObserver", "torch_dtype"]
@@ -62,11 +62,13 @@ class RequantObserver(ObserverBase):  # type: ignore[misc]
             self.statistics[method] = made
         # what forward updates: each histogram once, through the first observer reading it
         self._updated = {_key(o): o for o in reversed(self.statistics.values())}
+        self.paused = False  # passes values through without counting them (a run that only looks at values)
+        self._types: dict[str, Any] = {}  # each method's type, until the statistics change
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        values = x.detach().float().cpu().numpy()
-        for statistics in self._updated.values():
-            statistics.update(values)
+        if not self.paused:
+            observe(list(self._updated.values()), x.detach().float().cpu().numpy())
+            self._types.clear()
         return x
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RequantObserver:
@@ -78,9 +80,12 @@ class RequantObserver(ObserverBase):  # type: ignore[misc]
         return other
 
     def quantized_type(self) -> Any:
-        """The requant type the current method gives (scale, zero point)."""
-        spec = dataclasses.replace(self.spec, observer=self.method)
-        return self.statistics[self.method].compute(spec)
+        """The requant type the current method gives (scale, zero point), computed once per method (the method
+        choice reads each candidate's, then converts with the chosen one's)."""
+        if self.method not in self._types:
+            spec = dataclasses.replace(self.spec, observer=self.method)
+            self._types[self.method] = self.statistics[self.method].compute(spec)
+        return self._types[self.method]
 
     def calculate_qparams(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         qtype = self.quantized_type()
@@ -100,7 +105,7 @@ class RequantPerChannelObserver(RequantObserver):
     sample) does nothing again; a replaced one (equalized, rounded) is observed."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x is not self.__dict__.get("_last"):
+        if not self.paused and x is not self.__dict__.get("_last"):
             super().forward(x)
             object.__setattr__(self, "_last", x)  # not registered: a parameter of the model, not the observer's
         return x

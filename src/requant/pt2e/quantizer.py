@@ -334,7 +334,8 @@ def annotations_text(model: torch.fx.GraphModule) -> str:
 def look_at_outputs(module: torch.fx.GraphModule, samples: Iterable[tuple[Any, ...]],
                     look: Callable[[Node, torch.Tensor], None]) -> None:  # fmt: skip
     """Run ``module`` on each of ``samples`` (tuples of inputs) with an FX interpreter that hands every
-    node's float tensor output to ``look``."""
+    node's float tensor output to ``look``; a prepared module's observers pass the values through uncounted
+    (looking changes no statistics)."""
 
     class Looking(torch.fx.Interpreter):
         def run_node(self, n: Node) -> Any:
@@ -343,9 +344,16 @@ def look_at_outputs(module: torch.fx.GraphModule, samples: Iterable[tuple[Any, .
                 look(n, out)
             return out
 
-    with torch.no_grad():
-        for args in samples:
-            Looking(module).run(*args)
+    observers = [m for m in module.modules() if isinstance(m, RequantObserver) and not m.paused]
+    for observer in observers:
+        observer.paused = True
+    try:
+        with torch.no_grad():
+            for args in samples:
+                Looking(module).run(*args)
+    finally:
+        for observer in observers:
+            observer.paused = False
 
 
 Look = Callable[[Node, torch.Tensor], None]
