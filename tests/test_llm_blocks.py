@@ -248,3 +248,61 @@ def test_the_two_activation_order_gptqs_in_one_pass_give_the_codes_of_two() -> N
                           ("clip_gptq", gptq(w, h, fmt, order="activation", given=clip))):  # fmt: skip
         np.testing.assert_array_equal(pair[method].codes, alone.codes)
         np.testing.assert_array_equal(pair[method].scales, alone.scales)
+
+
+@pytest.mark.parametrize(("bits", "symmetric", "k"), [(4, True, 64), (4, False, 80), (8, False, 96), (8, True, 80)])
+def test_stored_bytes_are_what_matmul_nbits_stores(bits: int, symmetric: bool, k: int) -> None:
+    from requant.llm.blocks import pack
+    from requant.llm.budget import stored_bytes
+
+    fmt = BlockFormat(bits, 32, symmetric)
+    b, scales, zero_points = pack(round_to_nearest(np.random.default_rng(1).normal(size=(k, 24)), fmt))
+    assert stored_bytes(fmt, k, 24) == b.nbytes + scales.nbytes + (0 if zero_points is None else zero_points.nbytes)
+
+
+def test_the_budget_promotes_the_most_error_per_byte_that_still_fits() -> None:
+    from requant.llm.budget import Candidate, promoted
+
+    layers = [Candidate("a", 10.0, 100), Candidate("b", 30.0, 200), Candidate("c", 8.0, 50), Candidate("d", 1.0, 10)]
+    # per byte: c 0.16, b 0.15, a 0.10, d 0.10 (a before d: by name on a tie)
+    assert promoted(layers, 260) == ["c", "b", "d"]  # a does not fit after c and b; d does
+    assert promoted(layers, 40) == ["d"]
+    assert promoted(layers, 0) == []
+
+
+def test_a_size_budget_gives_8_bits_to_the_layer_that_loses_most_and_is_met() -> None:
+    """Two layers of the same shape, the first's inputs ten times the second's: its 4-bit blocks leave 100x the
+    output error, so room for one 8-bit layer goes to it; ONNX Runtime runs the model; a budget below the
+    all-4-bit size is refused before anything changes."""
+    from requant.llm.budget import stored_bytes
+    from requant.llm.nbits import BudgetError, to_matmul_nbits
+
+    rng = np.random.default_rng(3)
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([None, 64]))
+    ws = [ir.Value(name=f"w{i}", const_value=ir.tensor(rng.normal(size=(64, 64)).astype(np.float32), name=f"w{i}"))
+          for i in (1, 2)]  # fmt: skip
+    a = ir.node("MatMul", [x, ws[0]], name="loud")
+    b = ir.node("MatMul", [x, ws[1]], name="quiet")
+    add = ir.node("Add", [a.outputs[0], b.outputs[0]], name="add")
+    add.outputs[0].name = "y"
+    model = ir.Model(ir.Graph([x], add.outputs, nodes=[a, b, add], initializers=ws, opset_imports={"": 21}),
+                     ir_version=10)  # fmt: skip
+    data = _inputs(64, 256, seed=4).astype(np.float64)
+    moments = {"loud": 100 * data.T @ data, "quiet": data.T @ data}
+    fmt = BlockFormat(4, 32, True)
+    four, eight = stored_bytes(fmt, 64, 64), stored_bytes(BlockFormat(8, 32, True), 64, 64)
+    with pytest.raises(BudgetError, match="more than --max-size"):
+        to_matmul_nbits(model, fmt, moments, max_bytes=2 * four - 1)
+    assert [n.op_type for n in model.graph] == ["MatMul", "MatMul", "Add"]  # refused before any change
+    records = to_matmul_nbits(model, fmt, moments, max_bytes=four + eight)
+    assert [r["bits"] for r in records] == [8, 4]
+    assert records[0]["budget"]["bits"] == 4 and records[0]["budget"]["output_error"] > 50 * records[1]["rounding"][
+        "output_error"]  # fmt: skip
+    stored = {n.name: n for n in model.graph}
+    assert stored["loud"].attributes.get_int("bits") == 8 and stored["quiet"].attributes.get_int("bits") == 4
+    total = sum(v.const_value.nbytes for v in model.graph.initializers.values())
+    assert total == four + eight
+    session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": data[:4].astype(np.float32)})[0]
+    expected = data[:4] @ (ws[0].const_value.numpy() + ws[1].const_value.numpy())  # type: ignore[union-attr]
+    assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()

@@ -79,7 +79,7 @@ def test_a_hugging_face_folder_becomes_a_genai_folder_that_generates(tiny: dict[
     done = run_cli(str(tiny["hf"]), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--block-size", "64",
                    "--report-json", str(tmp_path / "r.json"))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "4-bit symmetric blocks of 64 (MatMulNBits)" in done.stdout
+    assert "11 of 11 linear layers in symmetric blocks of 64 (MatMulNBits): 10 in 4-bit and 1 in 8-bit" in done.stdout
     assert {"genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     counts = ops(out / "model.onnx")
     assert counts["MatMulNBits"] == 11 and "MatMul" not in counts  # 2 x (qkv, o, gate, up, down) and the LM head
@@ -285,3 +285,38 @@ def test_an_output_folder_is_written_whole_or_not_at_all(
     monkeypatch.undo()
     result.save(out)
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "notes.txt"} <= {p.name for p in out.iterdir()}
+
+
+def test_a_size_budget_is_met_with_8_bit_layers_and_one_too_small_is_refused(tiny: dict[str, Path],
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    four = quantize(tiny["genai"], str(tiny["calib"]), blocks(block_size=32, measure=False)).report
+    smallest = four["llm"]["size"]["quantized_bytes"]
+    budget = (smallest + 40_000) / 1e6
+    out = tmp_path / "fit"
+    result = run_cli(str(tiny["genai"]), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--block-size", "32",
+                     "--max-size", f"{budget:.6f}", "--no-measure", "--report-json", str(tmp_path / "r.json"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    size, layers = report["llm"]["size"], report["llm"]["layers"]
+    assert smallest < size["quantized_bytes"] <= budget * 1e6 == size["max_bytes"]
+    wider = [r for r in layers if "budget" in r]
+    assert wider and all(r["bits"] == 8 for r in wider)
+    assert f"size budget {budget:.1f} MB: {len(wider)} layers at 8 bits" in result.stdout
+    # the greedy rule on the all-4-bit run's errors: the layer losing the most per byte is promoted, and a layer
+    # losing more per byte than a promoted one is promoted too or bigger (it no longer fitted)
+    sizes = {r["node"]: r["k"] * r["n"] for r in four["llm"]["layers"] if r["bits"] == 4}
+    per_byte = {r["node"]: r["rounding"]["output_error"] / sizes[r["node"]] for r in four["llm"]["layers"]
+                if r["bits"] == 4}  # fmt: skip
+    ranked = sorted(per_byte, key=per_byte.__getitem__, reverse=True)
+    chosen = {r["node"] for r in wider}
+    assert ranked[0] in chosen and len(chosen) < len(ranked)
+    for name in chosen:
+        before = ranked[: ranked.index(name)]
+        assert all(other in chosen or sizes[other] > sizes[name] for other in before), (name, before)
+    before = {r["node"]: r["rounding"]["output_sqnr_db"][r["rounding"]["chosen"]] for r in four["llm"]["layers"]}
+    for r in wider:  # each promoted layer's output error: about 24 dB less at 8 bits
+        assert r["rounding"]["output_sqnr_db"][r["rounding"]["chosen"]] > before[r["node"]] + 15, r["node"]
+    refused = tmp_path / "refused"
+    small = run_cli(str(tiny["genai"]), "-o", str(refused), "--calib", str(tiny["calib"]), *PRESET,
+                    "--block-size", "32", "--max-size", f"{(smallest - 50_000) / 1e6:.6f}", "--no-measure")  # fmt: skip
+    assert small.returncode != 0 and "more than --max-size" in small.stderr and not refused.exists()

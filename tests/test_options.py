@@ -39,8 +39,8 @@ def test_every_option_with_a_key_is_read_from_the_config_file(tmp_path: Path) ->
               "smoothing": "0.5", "equalization": "false", "rounding": '"double_round"', "accumulator_bits": "16",
               "fixed_inputs": "{ sr = 16000 }"}  # fmt: skip
     keys = {o.key for o in OPTIONS if o.key is not None}
-    # the budget's two: not with keep_float_below; the language models' four: with their preset (below)
-    assert keys - {"max_drop", "metric", "bits", "block_size", "symmetric", "tokenizer"} == set(values)
+    # the budget's two: not with keep_float_below; the language models' five: with their preset (below)
+    assert keys - {"max_drop", "metric", "bits", "block_size", "symmetric", "max_size", "tokenizer"} == set(values)
     config = tmp_path / "run.toml"
     config.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
     read = read_config(config).options
@@ -102,10 +102,10 @@ def test_the_config_files_new_keys_reach_the_run(tmp_path: Path) -> None:
 def test_the_language_models_keys_are_read_from_the_config_file_with_their_preset(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text('preset = "INT4_BLOCKWISE_WEIGHTS"\nbits = 8\nblock_size = 64\nsymmetric = false\n'
-                      'tokenizer = "tok"\n')  # fmt: skip
+                      'tokenizer = "tok"\nmax_size = 120\n')  # fmt: skip
     settings = read_config(config)
     options = Options.create(**settings.options, quantizer=settings.quantizer())
-    assert options.flow == "blocks" and options.tokenizer == str(tmp_path / "tok")
+    assert options.flow == "blocks" and options.tokenizer == str(tmp_path / "tok") and options.max_size == 120.0
     fmt = options.block_format
     assert (fmt.bits, fmt.block_size, fmt.symmetric) == (8, 64, False)
     assert options.method is None  # no activation is calibrated

@@ -204,6 +204,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("symmetric", True, _is_bool, "True or False",
            "language models: blocks with a zero point each (default: symmetric blocks, no zero points)",
            flag="--asymmetric", key="symmetric"),
+    Option("max_size", None, _optional(lambda v: _number(v) and v > 0), "a size in MB (a number > 0), or None",
+           "language models: the most the written model may weigh, in MB (10^6 bytes): the 4-bit layers whose "
+           "blocks leave the most output error per byte get 8 bits until it is reached (default: none)",
+           flag="--max-size", key="max_size", metavar="MB", parse=float, backends=BLOCKS),
     Option("tokenizer", None, _optional(_path), "a path (str or os.PathLike), or None",
            "language models: the folder with the tokenizer.json of the --calib and --eval text (default: the "
            "model's folder)", flag="--tokenizer", key="tokenizer", metavar="DIR", path=True, backends=BLOCKS),
@@ -238,6 +242,7 @@ class Options:
     bits: int | None = None
     block_size: int | None = None
     symmetric: bool = True
+    max_size: float | None = None
     tokenizer: str | os.PathLike[str] | None = None
 
     @classmethod

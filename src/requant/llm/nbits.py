@@ -18,10 +18,12 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
+from requant.errors import RequantError
 from requant.llm.blocks import BlockFormat, pack, round_to_nearest
+from requant.llm.budget import Candidate, promoted, stored_bytes
 from requant.llm.rounding import METHODS, round_layer
 
-__all__ = ["ACCURACY_LEVELS", "MS_DOMAIN", "linear_weights", "tied_gathers", "to_matmul_nbits"]
+__all__ = ["ACCURACY_LEVELS", "MS_DOMAIN", "BudgetError", "linear_weights", "tied_gathers", "to_matmul_nbits"]
 
 Array = npt.NDArray[Any]
 MS_DOMAIN = "com.microsoft"
@@ -30,6 +32,10 @@ MS_DOMAIN = "com.microsoft"
 # kernel for 8-bit blocks and dequantizes the whole weight on every call (SmolLM2's LM head, [576, 49152], one
 # token: 57.5 ms at level 0, 0.90 ms at level 4; 4 bits: 1.55 ms at level 0; interleaved, 2 threads)
 ACCURACY_LEVELS = {4: 0, 8: 4}
+
+
+class BudgetError(RequantError):
+    """A size budget (``--max-size``) the model cannot meet."""
 
 
 def tied_gathers(graph: ir.Graph) -> dict[str, list[tuple[ir.Node, ir.Node]]]:
@@ -126,39 +132,100 @@ def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.V
     return f"reads the LM head's blocks, a Slice dropping the last block's padding (K = {k})"
 
 
+def _dims(weight: ir.Value) -> tuple[int, int]:
+    """A linear layer's weight's ``(K, N)``."""
+    k, n = weight.const_value.shape.numpy()  # type: ignore[union-attr]
+    return int(k), int(n)
+
+
+def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]],
+                   formats: Mapping[str, BlockFormat]) -> int:  # fmt: skip
+    """The model's weights once ``formats``' layers are blocks: every other initializer as it is, plus each
+    layer's blocks (:func:`~requant.llm.budget.stored_bytes`)."""
+    blocked = {str(layers[name][1].name) for name in formats}
+    others = sum(v.const_value.nbytes for v in graph.initializers.values()
+                 if v.const_value is not None and str(v.name) not in blocked)  # fmt: skip
+    return others + sum(stored_bytes(f, *_dims(layers[name][1])) for name, f in formats.items())
+
+
+def _fit(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Any, BlockFormat]],
+         records: Mapping[str, dict[str, Any]], moments: Mapping[str, Array], max_bytes: int,
+         methods: tuple[str, ...]) -> None:  # fmt: skip
+    """Give 8 bits to the 4-bit layers that leave the most output error per byte, within ``max_bytes``
+    (:mod:`requant.llm.budget`): rounded again at 8 bits by ``methods``, their records saying so."""
+    formats = {name: fmt for name, (_, fmt) in rounded.items()}
+    room = max_bytes - _planned_bytes(graph, layers, formats)
+    candidates = []
+    for name, fmt in formats.items():
+        error, (k, n) = records[name]["rounding"].get("output_error"), (records[name]["k"], records[name]["n"])
+        if fmt.bits == 4 and error is not None:
+            wider = BlockFormat(8, fmt.block_size, fmt.symmetric)
+            candidates.append(Candidate(name, float(error), stored_bytes(wider, k, n) - stored_bytes(fmt, k, n)))
+    for name in promoted(candidates, room):
+        fmt = BlockFormat(8, formats[name].block_size, formats[name].symmetric)
+        w = np.asarray(layers[name][1].const_value.numpy(), np.float32)  # type: ignore[union-attr]
+        h = moments.get(name)
+        record = records[name]
+        record["budget"] = {"bits": 4, "output_error": record["rounding"]["output_error"],
+                            "why": "8 bits within --max-size: among the most 4-bit output error per byte"}  # fmt: skip
+        if h is None:
+            rounded[name], record["rounding"] = (round_to_nearest(w, fmt), fmt), {"chosen": "nearest"}
+        else:
+            blocked, record["rounding"] = round_layer(w, h, fmt, methods)
+            rounded[name] = (blocked, fmt)
+        record["bits"] = 8
+
+
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
                     methods: tuple[str, ...] = METHODS, progress: Callable[[int, float], None] | None = None,
-                    tied_format: BlockFormat | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                    tied_format: BlockFormat | None = None, max_bytes: int | None = None,
+                    framing: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """Rewrite ``model``'s linear layers (in place) as ``MatMulNBits`` in ``fmt`` (a layer tied to an embedding:
-    in ``tied_format`` when given); a record per layer (its name, ``K``, ``N``, bits, the rounding chosen and
-    each one's output SQNR, how its tied embedding reads it, or why it stayed float)."""
+    in ``tied_format`` when given); with ``max_bytes``, the 4-bit layers that cost the most get 8 bits within it
+    (:mod:`requant.llm.budget`; the model's tensors and ``framing``, what its file holds beyond them; a
+    :class:`BudgetError` before any rounding when even ``fmt`` does not fit). A record per layer (its name, ``K``,
+    ``N``, bits, the rounding chosen and each one's output SQNR, how its tied embedding reads it, or why it
+    stayed float)."""
     graph, moments = model.graph, moments or {}
-    records: list[dict[str, Any]] = []
     ties, started = tied_gathers(graph), time.perf_counter()
     layers = linear_weights(graph, ties)
-    for name, (node, weight) in layers.items():
+    formats = {name: tied_format if tied_format is not None and str(w.name) in ties else fmt
+               for name, (_, w) in layers.items() if _dims(w)[0] >= fmt.block_size}  # fmt: skip
+    if max_bytes is not None:
+        max_bytes -= framing
+    if max_bytes is not None and _planned_bytes(graph, layers, formats) > max_bytes:
+        smallest = _planned_bytes(graph, layers, formats) + framing
+        raise BudgetError(f"the model is {smallest / 1e6:.1f} MB with every layer in {fmt.bits}-bit blocks of "
+                          f"{fmt.block_size}: more than --max-size {(max_bytes + framing) / 1e6:.1f} MB")  # fmt: skip
+    records: dict[str, dict[str, Any]] = {}
+    rounded: dict[str, tuple[Any, BlockFormat]] = {}
+    for name, (_, weight) in layers.items():
         if progress is not None:
             progress(len(records), time.perf_counter() - started)
         w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
         k, n = w.shape
-        layer_fmt = tied_format if tied_format is not None and str(weight.name) in ties else fmt
-        record: dict[str, Any] = {"node": name, "k": int(k), "n": int(n), "bits": layer_fmt.bits}
-        if k < layer_fmt.block_size:
-            records.append({**record, "float": f"K = {k} is less than one block of {layer_fmt.block_size}"})
+        layer_fmt = formats.get(name, fmt)
+        record = records[name] = {"node": name, "k": int(k), "n": int(n), "bits": layer_fmt.bits}
+        if name not in formats:
+            record["float"] = f"K = {k} is less than one block of {layer_fmt.block_size}"
             continue
         h = moments.get(name)
         if h is None:
-            blocked = round_to_nearest(w, layer_fmt)
+            rounded[name] = (round_to_nearest(w, layer_fmt), layer_fmt)
             record["rounding"] = {"chosen": "nearest", "why": "no input moments"}
         else:
             blocked, record["rounding"] = round_layer(w, h, layer_fmt, methods)
+            rounded[name] = (blocked, layer_fmt)
+    if max_bytes is not None:
+        _fit(graph, layers, rounded, records, moments, max_bytes, methods)
+    for name, (blocked, layer_fmt) in rounded.items():
+        node, weight = layers[name]
         stored = _replace(graph, node, weight, layer_fmt, blocked)
         tied = ties.get(str(weight.name), [])
         if tied:
-            record["tied"] = {str(g.name): _tie(graph, t, g, stored, blocked) for t, g in tied}
+            records[name]["tied"] = {str(g.name): _tie(graph, t, g, stored, blocked) for t, g in tied}
         if not weight.uses():
             graph.initializers.pop(str(weight.name))
-        records.append(record)
-    if any("rounding" in r for r in records):
+    if rounded:
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
-    return records
+    return list(records.values())

@@ -73,7 +73,8 @@ def round_layer(
     w: Array, h: Array, fmt: BlockFormat, methods: tuple[str, ...] = METHODS
 ) -> tuple[Blocked, dict[str, Any]]:
     """``w`` in blocks of ``fmt`` by whichever of ``methods`` leaves the least output error on inputs of
-    second moments ``h``; the record: the method chosen and each one's output SQNR (dB)."""
+    second moments ``h``; the record: the method chosen, each one's output SQNR (dB), and the chosen one's error
+    (what a size budget ranks layers by, :mod:`requant.llm.budget`)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ValueError(f"rounding methods are {', '.join(METHODS)}; got {list(methods)}")
@@ -91,4 +92,4 @@ def round_layer(
         if best is None or error < best[0]:
             best = (error, method, blocked)
     assert best is not None
-    return best[2], {"chosen": best[1], "output_sqnr_db": scores}
+    return best[2], {"chosen": best[1], "output_sqnr_db": scores, "output_error": best[0]}

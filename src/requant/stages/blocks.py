@@ -31,7 +31,7 @@ from requant.calibration.runner import terminal_progress
 from requant.frontends import SaveError, save_onnx
 from requant.llm.blocks import BlockFormat
 from requant.llm.decoder import Decoder, model_bytes, open_decoder
-from requant.llm.nbits import linear_weights, to_matmul_nbits
+from requant.llm.nbits import BudgetError, linear_weights, to_matmul_nbits
 from requant.llm.runs import PREFILL, input_moments, latency_ms, perplexity, session
 from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
 
@@ -165,19 +165,25 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     moments = _moments(decoder, calibration, options.progress)
     lap("moments")
     bar = options.progress or terminal_progress("rounding", len(moments), "layers")
+    max_bytes = None if options.max_size is None else int(options.max_size * 1e6)
     with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
-        records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, bar, tied_format(fmt))
+        records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, bar, tied_format(fmt), max_bytes,
+                                  _framing(decoder))  # fmt: skip
     lap("rounding")
     staged = Staged(decoder)
     lap("writing")
+    written = model_bytes(staged.model_path)
+    if max_bytes is not None and written > max_bytes:  # the plan counts the weights, not the file's framing
+        raise BudgetError(f"the quantized model takes {written / 1e6:.2f} MB, more than --max-size "
+                          f"{max_bytes / 1e6:.2f} MB (nothing written)")  # fmt: skip
     report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
     chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
     report["llm"] = {"model": str(decoder.path), "exported": decoder.exported, "format": _format(fmt),
                      "calibration": {"windows": len(calibration), "window": WINDOW,
                                      "tokens": sum(w.shape[1] for w in calibration)},
                      "roundings": dict(sorted(chosen.items())), "layers": records,
-                     "size": {"float_bytes": model_bytes(decoder.path),
-                              "quantized_bytes": model_bytes(staged.model_path)}}  # fmt: skip
+                     "size": {"float_bytes": model_bytes(decoder.path), "quantized_bytes": written,
+                              "max_bytes": max_bytes}}  # fmt: skip
     runs = [session(str(decoder.path)), session(str(staged.model_path))]  # float and quantized, opened once
     report["outputs"] = _check(decoder, runs, check_windows, held_out)
     lap("check")
@@ -193,6 +199,19 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
 
     report["summary"] = summary(report)
     return QuantizedModel(staged.ir_model, report, staged=staged)
+
+
+# bytes of the model's file a linear layer adds beyond its tensors once it is MatMulNBits: the node, its
+# attributes, three tensors' names and external-data entries (SmolLM2: about 155 per layer, 171 -> 203 KB)
+LAYER_FRAMING = 512
+
+
+def _framing(decoder: Decoder) -> int:
+    """What the quantized model's files will hold beyond its tensors, at most: the float model's (its files
+    less its tensors) and ``LAYER_FRAMING`` per linear layer (a size budget plans the tensors)."""
+    graph = decoder.model.graph
+    tensors = sum(v.const_value.nbytes for v in graph.initializers.values() if v.const_value is not None)
+    return model_bytes(decoder.path) - tensors + LAYER_FRAMING * len(linear_weights(graph))
 
 
 def tied_format(fmt: BlockFormat) -> BlockFormat | None:
@@ -223,9 +242,10 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     fmt, layers = llm["format"], llm["layers"]
     kind = "symmetric" if fmt["symmetric"] else "asymmetric"
     rounded = ", ".join(f"{k} {v}" for k, v in llm["roundings"].items())
-    done = sum("rounding" in r for r in layers)
-    out = [f"language model: {done} of {len(layers)} linear layers in {fmt['bits']}-bit {kind} blocks of "
-           f"{fmt['block_size']} (MatMulNBits); rounding chosen per layer: {rounded}"]  # fmt: skip
+    by_bits = Counter(r.get("bits", fmt["bits"]) for r in layers if "rounding" in r)
+    done = " and ".join(f"{n} in {b}-bit" for b, n in sorted(by_bits.items(), key=lambda kv: kv[0] != fmt["bits"]))
+    out = [f"language model: {sum(by_bits.values())} of {len(layers)} linear layers in {kind} blocks of "
+           f"{fmt['block_size']} (MatMulNBits): {done}; rounding chosen per layer: {rounded}"]  # fmt: skip
     floats = [r["node"] for r in layers if "float" in r]
     if floats:
         out.append(f"kept float: {', '.join(floats[:4])}{', ...' if len(floats) > 4 else ''} (shorter than a block)")
@@ -237,6 +257,11 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             )
     size = llm["size"]
     out.append(f"size: {size['float_bytes'] / 1e6:.1f} MB -> {size['quantized_bytes'] / 1e6:.1f} MB")
+    wider = [r["node"] for r in layers if "budget" in r]
+    if size.get("max_bytes") is not None:
+        named = f": {', '.join(wider[:4])}{', ...' if len(wider) > 4 else ''}" if wider else ""
+        out.append(f"size budget {size['max_bytes'] / 1e6:.1f} MB: {len(wider)} layers at 8 bits (the most 4-bit "
+                   f"output error per byte){named}")  # fmt: skip
     steps = ", ".join(f"{step} {t:.1f} s" for step, t in llm.get("seconds", {}).items())
     if steps:
         out.append(f"time: {steps}")
