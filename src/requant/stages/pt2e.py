@@ -33,7 +33,7 @@ import copy
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,7 @@ class Exported:
     # what the float model showed on the first calibration samples: one probe serves every quantization of the
     # program (remedies, budget tries)
     probed: Probe | None = None
+    _float_outputs: list[list[np.ndarray]] = field(default_factory=list, repr=False)  # float_outputs'
 
     @property
     def module(self) -> Any:
@@ -111,8 +112,19 @@ class Exported:
 
     @functools.cached_property
     def reference(self) -> Reference:
-        """The float model's outputs on the first calibration samples, computed once each."""
+        """The float model's first output on the first calibration samples, computed once each (with every
+        output: :meth:`float_outputs`)."""
         return Reference(None, session=self.float_session)
+
+    def float_outputs(self, samples: list[Any]) -> list[list[np.ndarray]]:
+        """Every output of the float model on ``samples``, the first ones of the data set: each sample run once
+        for this, :attr:`reference` (its first outputs) and the outputs' check."""
+        reference = self.reference
+        known = self._float_outputs
+        known += [self.float_session.run(None, s) for s in samples[len(known) :]]
+        if len(known) > len(reference.outputs or []):
+            reference.outputs = [o[0] for o in known]
+        return known[: len(samples)]
 
 
 @dataclass
@@ -303,7 +315,7 @@ def _corrected(
     args = [tuple(contiguous(s[n]) for n in exported.names) for s in fit[:BIAS_SAMPLES]]
     session = ModuleSession(fused(converted), exported.names)  # shares the biases corrected in place
     if known is None:  # float's outputs on the compared samples, and the converted program's score there
-        f = np.concatenate(exported.reference.outputs_of(compare))
+        f = np.concatenate([o[0] for o in exported.float_outputs(compare)])
         metric, before = _score(f, session, compare)
     else:
         f, (metric, before) = known
@@ -347,7 +359,7 @@ def _choose(prepared: Any, exported: Exported, compare: list[Any], held: int) ->
     chosen one then converted), the choice's record, and float's outputs there."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    f = np.concatenate(exported.reference.outputs_of(compare))  # once, for every candidate
+    f = np.concatenate([o[0] for o in exported.float_outputs(compare)])  # once, for every candidate
     scores: dict[str, float] = {}
     metric = "sqnr_db"
     for method in AUTO_METHODS:
