@@ -148,13 +148,12 @@ def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value
     return others + sum(stored_bytes(f, *_dims(layers[name][1])) for name, f in formats.items())
 
 
-def _fit(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Any, BlockFormat]],
-         records: Mapping[str, dict[str, Any]], moments: Mapping[str, Array], max_bytes: int,
+def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Any, BlockFormat]],
+         records: Mapping[str, dict[str, Any]], moments: Mapping[str, Array], room: int,
          methods: tuple[str, ...]) -> None:  # fmt: skip
-    """Give 8 bits to the 4-bit layers that leave the most output error per byte, within ``max_bytes``
+    """Give 8 bits to the 4-bit layers that leave the most output error per byte, within ``room`` more bytes
     (:mod:`requant.llm.budget`): rounded again at 8 bits by ``methods``, their records saying so."""
     formats = {name: fmt for name, (_, fmt) in rounded.items()}
-    room = max_bytes - _planned_bytes(graph, layers, formats)
     candidates = []
     for name, fmt in formats.items():
         error, (k, n) = records[name]["rounding"].get("output_error"), (records[name]["k"], records[name]["n"])
@@ -191,12 +190,13 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
     layers = linear_weights(graph, ties)
     formats = {name: tied_format if tied_format is not None and str(w.name) in ties else fmt
                for name, (_, w) in layers.items() if _dims(w)[0] >= fmt.block_size}  # fmt: skip
+    room = None
     if max_bytes is not None:
-        max_bytes -= framing
-    if max_bytes is not None and _planned_bytes(graph, layers, formats) > max_bytes:
-        smallest = _planned_bytes(graph, layers, formats) + framing
-        raise BudgetError(f"the model is {smallest / 1e6:.1f} MB with every layer in {fmt.bits}-bit blocks of "
-                          f"{fmt.block_size}: more than --max-size {(max_bytes + framing) / 1e6:.1f} MB")  # fmt: skip
+        smallest = framing + _planned_bytes(graph, layers, formats)
+        room = max_bytes - smallest
+        if room < 0:
+            raise BudgetError(f"the model is {smallest / 1e6:.1f} MB with every layer in {fmt.bits}-bit blocks of "
+                              f"{fmt.block_size}: more than --max-size {max_bytes / 1e6:.1f} MB")  # fmt: skip
     records: dict[str, dict[str, Any]] = {}
     rounded: dict[str, tuple[Any, BlockFormat]] = {}
     for name, (_, weight) in layers.items():
@@ -216,8 +216,8 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
         else:
             blocked, record["rounding"] = round_layer(w, h, layer_fmt, methods)
             rounded[name] = (blocked, layer_fmt)
-    if max_bytes is not None:
-        _fit(graph, layers, rounded, records, moments, max_bytes, methods)
+    if room is not None:
+        _fit(layers, rounded, records, moments, room, methods)
     for name, (blocked, layer_fmt) in rounded.items():
         node, weight = layers[name]
         stored = _replace(graph, node, weight, layer_fmt, blocked)
