@@ -138,6 +138,14 @@ def _dims(weight: ir.Value) -> tuple[int, int]:
     return int(k), int(n)
 
 
+def _round(w: Array, h: Array | None, fmt: BlockFormat, methods: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """``w`` in ``fmt`` by :func:`~requant.llm.rounding.round_layer` on its input moments ``h``, or to nearest
+    without them; the rounding's record."""
+    if h is None:
+        return round_to_nearest(w, fmt), {"chosen": "nearest", "why": "no input moments"}
+    return round_layer(w, h, fmt, methods)
+
+
 def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]],
                    formats: Mapping[str, BlockFormat]) -> int:  # fmt: skip
     """The model's weights once ``formats``' layers are blocks: every other initializer as it is, plus each
@@ -163,16 +171,11 @@ def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tupl
     for name in promoted(candidates, room):
         fmt = BlockFormat(8, formats[name].block_size, formats[name].symmetric)
         w = np.asarray(layers[name][1].const_value.numpy(), np.float32)  # type: ignore[union-attr]
-        h = moments.get(name)
         record = records[name]
         record["budget"] = {"bits": 4, "output_error": record["rounding"]["output_error"],
                             "why": "8 bits within --max-size: among the most 4-bit output error per byte"}  # fmt: skip
-        if h is None:
-            rounded[name], record["rounding"] = (round_to_nearest(w, fmt), fmt), {"chosen": "nearest"}
-        else:
-            blocked, record["rounding"] = round_layer(w, h, fmt, methods)
-            rounded[name] = (blocked, fmt)
-        record["bits"] = 8
+        blocked, record["rounding"] = _round(w, moments.get(name), fmt, methods)
+        rounded[name], record["bits"] = (blocked, fmt), 8
 
 
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
@@ -203,19 +206,13 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
         if progress is not None:
             progress(len(records), time.perf_counter() - started)
         w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
-        k, n = w.shape
         layer_fmt = formats.get(name, fmt)
-        record = records[name] = {"node": name, "k": int(k), "n": int(n), "bits": layer_fmt.bits}
+        record = records[name] = {"node": name, "k": w.shape[0], "n": w.shape[1], "bits": layer_fmt.bits}
         if name not in formats:
-            record["float"] = f"K = {k} is less than one block of {layer_fmt.block_size}"
+            record["float"] = f"K = {w.shape[0]} is less than one block of {layer_fmt.block_size}"
             continue
-        h = moments.get(name)
-        if h is None:
-            rounded[name] = (round_to_nearest(w, layer_fmt), layer_fmt)
-            record["rounding"] = {"chosen": "nearest", "why": "no input moments"}
-        else:
-            blocked, record["rounding"] = round_layer(w, h, layer_fmt, methods)
-            rounded[name] = (blocked, layer_fmt)
+        blocked, record["rounding"] = _round(w, moments.get(name), layer_fmt, methods)
+        rounded[name] = (blocked, layer_fmt)
     if room is not None:
         _fit(layers, rounded, records, moments, room, methods)
     for name, (blocked, layer_fmt) in rounded.items():
