@@ -177,7 +177,7 @@ def test_each_layer_keeps_the_rounding_with_the_least_output_error_on_its_inputs
     fmt = BlockFormat(4, 32, True)
     nearest = round_to_nearest(w, fmt)
     direct = float(((x @ (dequantize(nearest).astype(np.float64) - w)) ** 2).sum())
-    assert output_error(w, nearest, h) == pytest.approx(direct, rel=1e-9)
+    assert output_error(w, nearest, h) == pytest.approx(direct, rel=1e-5)  # its products in float32
     blocked, record = round_layer(w, h, fmt)
     assert set(record["output_sqnr_db"]) == set(METHODS)
     assert record["chosen"] == max(record["output_sqnr_db"], key=record["output_sqnr_db"].get)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -172,3 +174,24 @@ def test_mean_minmax_averages_each_samples_extremes_and_merges_exactly() -> None
     empty.update(np.array([np.nan]))
     with pytest.raises(CalibrationError, match="no finite value"):
         empty.range(spec("mean_minmax"))
+
+
+def test_histogram_counts_are_the_same_through_torch_and_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch (loaded when a torch model is calibrated) counts the bins: its float32 subtraction and product must
+    # put every value, those on bin edges too, in numpy's bin, or a histogram would depend on what is imported
+    pytest.importorskip("torch")
+    from requant.calibration.observers import _bin_counts
+
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        values = (rng.standard_normal(int(rng.integers(1, 4000))) * 10.0 ** rng.uniform(-6, 6)).astype(np.float32)
+        if trial % 2:
+            values = np.round(values * 8) / 8  # many values exactly on bin edges
+        lo, hi = float(values.min()), float(values.max())
+        per_unit = 2048 / max(hi - lo, 1e-12)
+        scaled = (values - np.float32(lo)) * np.float32(per_unit)
+        expected = np.bincount(scaled.astype(np.intp), minlength=2049)
+        assert np.array_equal(_bin_counts(values, lo, per_unit, 2049), expected)
+        monkeypatch.delitem(sys.modules, "torch")
+        assert np.array_equal(_bin_counts(values, lo, per_unit, 2049), expected)
+        monkeypatch.undo()

@@ -31,6 +31,7 @@ __all__ = [
     "Blocked",
     "block_scales",
     "dequantize",
+    "dequantized_rows",
     "pack",
     "pack_codes",
     "padded_rows",
@@ -110,26 +111,34 @@ def block_scales(w: Array, fmt: BlockFormat) -> tuple[Array, Array]:
     return scales, zero_points.astype(np.uint8)
 
 
-def quantize_with(w: Array, scales: Array, zero_points: Array, fmt: BlockFormat) -> Blocked:
-    """``w`` (``[K, N]``) rounded to the nearest code of the given scales and zero points."""
-    blocks = padded_rows(w, fmt)
+def quantize_with(w: Array, scales: Array, zero_points: Array, fmt: BlockFormat, rows: Array | None = None) -> Blocked:
+    """``w`` (``[K, N]``) rounded to the nearest code of the given scales and zero points (``rows``: ``w`` as
+    :func:`padded_rows` cuts it, when the caller has it: the cut transposes the weight)."""
+    blocks = padded_rows(w, fmt) if rows is None else rows
     s, z = scales.astype(np.float64)[..., None], zero_points.astype(np.float64)[..., None]
     codes = np.clip(np.rint(blocks / s) + z, 0, fmt.top).astype(np.uint8)
     return Blocked(codes.reshape(codes.shape[0], -1), scales, zero_points, int(w.shape[0]), fmt)
 
 
-def round_to_nearest(w: Array, fmt: BlockFormat) -> Blocked:
-    """``w`` (``[K, N]``) in blocks, each rounded to nearest at its own range's scale."""
-    scales, zero_points = block_scales(w, fmt)
-    return quantize_with(w, scales, zero_points, fmt)
+def round_to_nearest(w: Array, fmt: BlockFormat, rows: Array | None = None) -> Blocked:
+    """``w`` (``[K, N]``) in blocks, each rounded to nearest at its own range's scale (``rows``: as
+    :func:`quantize_with`'s)."""
+    blocks = padded_rows(w, fmt) if rows is None else rows
+    scales, zero_points = block_scales(blocks, fmt)
+    return quantize_with(w, scales, zero_points, fmt, blocks)
 
 
 def dequantize(blocked: Blocked) -> Array:
     """The float32 ``[K, N]`` weight the codes stand for."""
+    return np.ascontiguousarray(dequantized_rows(blocked).T)
+
+
+def dequantized_rows(blocked: Blocked) -> Array:
+    """The float32 weight the codes stand for, one row per output: ``[N, K]`` (:func:`dequantize` transposed)."""
     fmt, n = blocked.format, blocked.codes.shape[0]
     codes = blocked.codes.reshape(n, -1, fmt.block_size).astype(np.float32)
     values = (codes - blocked.zero_points.astype(np.float32)[..., None]) * blocked.scales[..., None]
-    return np.ascontiguousarray(values.reshape(n, -1)[:, : blocked.k].T)
+    return values.reshape(n, -1)[:, : blocked.k]
 
 
 def pack_codes(codes: Array, bits: int) -> Array:
