@@ -320,3 +320,61 @@ def test_a_size_budget_is_met_with_8_bit_layers_and_one_too_small_is_refused(tin
     small = run_cli(str(tiny["genai"]), "-o", str(refused), "--calib", str(tiny["calib"]), *PRESET,
                     "--block-size", "32", "--max-size", f"{(smallest - 50_000) / 1e6:.6f}", "--no-measure")  # fmt: skip
     assert small.returncode != 0 and "more than --max-size" in small.stderr and not refused.exists()
+
+
+def test_a_decoder_runs_a_section_at_a_time_as_it_runs_whole(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """On the tests' tiny decoder: its sections; the perplexity run a section at a time is the whole session's
+    to the bit; each layer's moments gathered by sections are the sums over a whole-model run's values; only
+    the section being rounded has its moments, and an earlier one's come back only from where they were kept."""
+    from requant.errors import RequantError
+    from requant.llm.decoder import open_decoder
+    from requant.llm.moments import LayerMoments
+    from requant.llm.nbits import linear_weights
+    from requant.llm.runs import perplexity, sectioned_perplexity, session
+    from requant.llm.sections import sections
+    from requant.runtime import cpu_session
+
+    tiny_genai = tiny["genai"]
+
+    decoder = open_decoder(tiny_genai)
+    assert [s.name for s in sections(decoder.model.graph)] == ["prologue", "layers.0-2", "epilogue"]
+    assert [s.name for s in sections(decoder.model.graph, most=0)] == ["prologue", "layers.0", "layers.1",
+                                                                        "layers.2", "epilogue"]  # fmt: skip
+    rng = np.random.default_rng(0)
+    windows = [rng.integers(0, 512, size=(1, n)).astype(np.int64) for n in (40, 64, 17)]
+    whole = perplexity(decoder, session(str(decoder.path)), windows)
+    assert sectioned_perplexity(decoder, decoder.model, decoder.path.parent, windows) == whole
+
+    layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(decoder.model.graph).items()}
+    proto = ir.to_proto(decoder.model)
+    for value in sorted(set(layers.values())):
+        proto.graph.output.add().name = value
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(tiny_genai))
+    probe = cpu_session(proto.SerializeToString(), options)
+    names = sorted(set(layers.values()))
+    expected: dict[str, np.ndarray] = {}
+    for ids in windows[:2]:
+        for name, x in zip(names, probe.run(names, decoder.feeds(ids)), strict=True):
+            rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+            expected[name] = expected.get(name, 0) + (rows.T @ rows).astype(np.float64)
+
+    moments = LayerMoments(decoder, layers, windows[:2], held=windows[2:], most=0)  # a layer per section
+    first, second = next(iter(layers)), list(layers)[-2]  # layers.0's qkv, layers.1's down_proj
+    np.testing.assert_allclose(moments[first], expected[layers[first]], rtol=1e-6)
+    assert set(moments._current) == {n for n in layers if "layers.0/" in n}
+    np.testing.assert_allclose(moments[second], expected[layers[second]], rtol=1e-6)
+    assert set(moments._current) == {n for n in layers if "layers.1/" in n}  # layers.0's are gone
+    with pytest.raises(RequantError, match="dropped"):
+        moments[first]
+    moments.finish()
+    count = sum(w.shape[1] - 1 for w in windows[2:])
+    held = perplexity(decoder, session(str(decoder.path)), windows[2:])
+    assert np.exp(moments.held_nll / count) == pytest.approx(held, rel=1e-12)
+
+    kept = LayerMoments(decoder, layers, windows[:2], keep=tmp_path, most=0)
+    for name in layers:
+        kept[name]
+    np.testing.assert_allclose(kept[first], expected[layers[first]], rtol=1e-6)  # read back from tmp_path

@@ -66,6 +66,7 @@ def gptq(
     wt = np.ascontiguousarray(rows[:, perm].T)  # [size, n]: one input's weights contiguous (they are read in turn)
     codes = np.zeros((size, n), np.uint8)
     s_all, z_all = scales.T.astype(np.float64), zero_points.T.astype(np.float64)  # [blocks, n]: a block's row
+    code = np.empty(n)
     for start in range(0, size, CHUNK):
         stop = min(start + CHUNK, size)
         errors = np.empty((stop - start, n))
@@ -81,9 +82,15 @@ def gptq(
                 scales[:, block], zero_points[:, block] = found[0][:, 0], found[1][:, 0]
                 s_all[block], z_all[block] = found[0][:, 0], found[1][:, 0]
             s, z = s_all[block], z_all[block]
-            code = np.clip(np.rint(wt[i] / s) + z, 0, fmt.top)
+            code = np.divide(wt[i], s, out=code)  # clip(rint(w / s) + z, 0, top), in place
+            np.rint(code, out=code)
+            code += z
+            np.minimum(np.maximum(code, 0, out=code), fmt.top, out=code)
             codes[column] = code
-            errors[i - start] = (wt[i] - (code - z) * s) / u[i, i]
+            error = np.subtract(code, z, out=errors[i - start])  # (w - (code - z) * s) / u_ii, in place
+            error *= s
+            np.subtract(wt[i], error, out=error)
+            error /= u[i, i]
         wt[stop:] -= u[start:stop, stop:].T @ errors
     codes = np.ascontiguousarray(codes.T)
     return Blocked(codes, scales, zero_points, k, fmt)

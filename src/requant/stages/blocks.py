@@ -15,6 +15,7 @@ Records: ``llm`` (the model, the format, the calibration, each layer's rounding,
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -31,8 +32,10 @@ from requant.calibration.runner import terminal_progress
 from requant.frontends import SaveError, save_onnx
 from requant.llm.blocks import BlockFormat
 from requant.llm.decoder import Decoder, model_bytes, open_decoder
+from requant.llm.moments import LayerMoments
 from requant.llm.nbits import BudgetError, linear_weights, to_matmul_nbits
-from requant.llm.runs import PREFILL, input_moments, latency_ms, perplexity, session
+from requant.llm.runs import PREFILL, latency_ms, sectioned_perplexity, session
+from requant.llm.sections import sections
 from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
 
 if TYPE_CHECKING:
@@ -97,23 +100,22 @@ def _split(windows: list[Any]) -> tuple[list[Any], list[Any], bool]:
     return windows, windows[:CHECK_WINDOWS], False
 
 
-def _moments(decoder: Decoder, windows: list[Any], progress: Any) -> dict[str, Any]:
-    """Each linear layer's ``sum x x^T`` by node name (layers reading one value share it)."""
-    layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(decoder.model.graph).items()}  # type: ignore[union-attr]
-    values = sorted(set(layers.values()))
-    by_value = input_moments(decoder, values, windows, progress or terminal_progress("calibrating", len(windows),
-                                                                                     "windows"))  # fmt: skip
-    return {name: by_value[value] for name, value in layers.items()}
+def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path | None, progress: Any) -> LayerMoments:
+    """Each linear layer's ``sum x x^T`` by node name (layers reading one value share it), gathered a section
+    at a time as the rounding asks (:mod:`requant.llm.moments`); ``held`` windows carried for their logits."""
+    graph = decoder.model.graph
+    layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(graph).items()}  # type: ignore[union-attr]
+    bar = progress or terminal_progress("calibrating and rounding", len(sections(graph)), "sections")
+    return LayerMoments(decoder, layers, windows, held, keep, bar)
 
 
-def _perplexities(decoder: Decoder, runs: list[Any], windows: list[Any]) -> tuple[float, float]:
-    """The float and the quantized model's perplexity on ``windows`` (``runs``: their sessions)."""
-    before, after = (perplexity(decoder, run, windows) for run in runs)
-    return before, after
-
-
-def _check(decoder: Decoder, runs: list[Any], windows: list[Any], held_out: bool) -> dict[str, Any]:
-    before, after = _perplexities(decoder, runs, windows)
+def _check(decoder: Decoder, moments: LayerMoments, staged: Staged, windows: list[Any],
+           held_out: bool) -> dict[str, Any]:  # fmt: skip
+    """Float's perplexity on the held-out windows (their logits came through the moments' pass) against the
+    quantized model's, run a section at a time."""
+    count = sum(w.shape[1] - 1 for w in windows)
+    before = math.exp(moments.held_nll / count) if math.isfinite(moments.held_nll) else math.inf
+    after = sectioned_perplexity(decoder, ir.load(staged.model_path), staged.folder, windows)
     ratio = after / before
     checked: dict[str, Any] = {"windows": len(windows), "held_out": held_out, "float_perplexity": before,
                                "perplexity": after, "ratio": ratio, "poor": []}  # fmt: skip
@@ -123,9 +125,11 @@ def _check(decoder: Decoder, runs: list[Any], windows: list[Any], held_out: bool
     return checked
 
 
-def _evaluate(decoder: Decoder, runs: list[Any], text: Any, tokenizer: Any) -> dict[str, Any]:
+def _evaluate(decoder: Decoder, staged: Staged, text: Any, tokenizer: Any) -> dict[str, Any]:
+    """Perplexity on the evaluation text, float and quantized, each run a section at a time."""
     windows = token_windows(read_text(text, "evaluation"), tokenizer, EVALUATION_WINDOWS, "evaluation")
-    before, after = _perplexities(decoder, runs, windows)
+    before, after = (sectioned_perplexity(decoder, ir.load(path), path.parent, windows)
+                     for path in (decoder.path, staged.model_path))  # fmt: skip
     return {"windows": len(windows), "tokens": sum(w.shape[1] for w in windows), "float_perplexity": before,
             "perplexity": after, "increase": after - before}  # fmt: skip
 
@@ -162,14 +166,16 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     windows = token_windows(read_text(calibration_data, "calibration"), tokenizer, CALIBRATION_WINDOWS, "calibration")
     calibration, check_windows, held_out = _split(windows)
     seconds, lap = _laps()
-    moments = _moments(decoder, calibration, options.progress)
-    lap("moments")
-    bar = options.progress or terminal_progress("rounding", len(moments), "layers")
     max_bytes = None if options.max_size is None else int(options.max_size * 1e6)
-    with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
-        records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, bar, tied_format(fmt), max_bytes,
-                                  _framing(decoder))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="requant-moments-") as folder:  # a size budget reads some again
+        moments = _moments(decoder, calibration, check_windows, Path(folder) if max_bytes else None, options.progress)
+        with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
+            records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None, tied_format(fmt), max_bytes,
+                                      _framing(decoder))  # fmt: skip
+        moments.finish()
     lap("rounding")
+    rounded = seconds.pop("rounding") - moments.seconds  # the two interleave: the moments' time is their own
+    seconds["moments"], seconds["rounding"] = moments.seconds, rounded
     staged = Staged(decoder)
     lap("writing")
     written = model_bytes(staged.model_path)
@@ -184,13 +190,13 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
                      "roundings": dict(sorted(chosen.items())), "layers": records,
                      "size": {"float_bytes": model_bytes(decoder.path), "quantized_bytes": written,
                               "max_bytes": max_bytes}}  # fmt: skip
-    runs = [session(str(decoder.path)), session(str(staged.model_path))]  # float and quantized, opened once
-    report["outputs"] = _check(decoder, runs, check_windows, held_out)
+    report["outputs"] = _check(decoder, moments, staged, check_windows, held_out)
     lap("check")
     if options.eval_data is not None:
-        report["llm"]["evaluation"] = _evaluate(decoder, runs, options.eval_data, tokenizer)
+        report["llm"]["evaluation"] = _evaluate(decoder, staged, options.eval_data, tokenizer)
         lap("evaluation")
-    if options.measure:  # always (unless --no-measure): a decoder slower than float is said first
+    if options.measure:  # always (unless --no-measure): a decoder slower than float is said first; whole models
+        runs = [session(str(decoder.path)), session(str(staged.model_path))]
         report["llm"]["latency"] = _latency(decoder, runs, check_windows[0])
         lap("latency")
     report["llm"]["seconds"] = seconds
