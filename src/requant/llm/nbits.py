@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -86,15 +87,33 @@ def _initializer(graph: ir.Graph, name: str, data: Array) -> ir.Value:
     return value
 
 
-def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat, blocked: Any) -> list[ir.Value]:
-    """``node`` as ``MatMulNBits`` of ``blocked``; its ``B``, ``scales`` and (asymmetric) ``zero_points``."""
-    b, scales, zero_points = pack(blocked)
-    base, n = str(weight.name), int(blocked.codes.shape[0])
+@dataclass(frozen=True)
+class Packed:
+    """A rounded layer as ``MatMulNBits`` stores it (:func:`~requant.llm.blocks.pack`), packed as soon as it is
+    rounded: half its codes' bytes at 4 bits, what the model's other layers' rounding holds meanwhile."""
+
+    b: Array
+    scales: Array
+    zero_points: Array | None
+    n: int
+    k: int
+    format: BlockFormat
+
+    @classmethod
+    def of(cls, blocked: Any) -> Packed:
+        b, scales, zero_points = pack(blocked)
+        return cls(b, scales, zero_points, int(blocked.codes.shape[0]), int(blocked.k), blocked.format)
+
+
+def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat, packed: Packed) -> list[ir.Value]:
+    """``node`` as ``MatMulNBits`` of ``packed``; its ``B``, ``scales`` and (asymmetric) ``zero_points``."""
+    b, scales, zero_points = packed.b, packed.scales, packed.zero_points
+    base, n = str(weight.name), packed.n
     inputs = [node.inputs[0], _initializer(graph, f"{base}_Q", b), _initializer(graph, f"{base}_scales",
                                                                                    scales.reshape(n, -1))]  # fmt: skip
     if zero_points is not None:
         inputs.append(_initializer(graph, f"{base}_zero_points", zero_points.reshape(n, -1)))
-    attributes = {"K": blocked.k, "N": n, "bits": fmt.bits, "block_size": fmt.block_size,
+    attributes = {"K": packed.k, "N": n, "bits": fmt.bits, "block_size": fmt.block_size,
                   "accuracy_level": ACCURACY_LEVELS[fmt.bits]}  # fmt: skip
     new = ir.node("MatMulNBits", inputs, attributes=attributes, domain=MS_DOMAIN, name=node.name,
                   outputs=[ir.Value(name=node.outputs[0].name, shape=node.outputs[0].shape,
@@ -105,12 +124,12 @@ def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat,
     return [v for v in inputs[1:] if v is not None]
 
 
-def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.Value], blocked: Any) -> str:
+def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.Value], packed: Packed) -> str:
     """The tied embedding ``gather`` (of ``transpose`` of the LM head's weight) as ``GatherBlockQuantized`` of
     the LM head's blocks: its ``B`` reshaped to one row per token, the scales and zero points shared; when ``K``
     is not a multiple of the block, the rows carry the last block's padding, which a ``Slice`` drops. How it is
     stored, in words."""
-    fmt, n, k = blocked.format, int(blocked.codes.shape[0]), blocked.k
+    fmt, n, k = packed.format, packed.n, packed.k
     padded = fmt.blocks(k) * fmt.block_size
     shape = _initializer(graph, f"{gather.name}_shape", np.array([n, padded * fmt.bits // 8], np.int64))
     reshape = ir.node("Reshape", [stored[0], shape], name=f"{gather.name}_Reshape")
@@ -161,7 +180,7 @@ def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value
     return others + sum(stored_bytes(f, *_dims(layers[name][1])) for name, f in formats.items())
 
 
-def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Any, BlockFormat]],
+def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Packed, BlockFormat]],
          records: Mapping[str, dict[str, Any]], moments: Mapping[str, Array], room: int,
          methods: tuple[str, ...]) -> None:  # fmt: skip
     """Give 8 bits to the 4-bit layers that leave the most output error per byte, within ``room`` more bytes
@@ -180,7 +199,7 @@ def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tupl
         record["budget"] = {"bits": 4, "output_error": record["rounding"]["output_error"],
                             "why": "8 bits within --max-size: among the most 4-bit output error per byte"}  # fmt: skip
         blocked, record["rounding"] = _round(w, moments.get(name), fmt, methods)
-        rounded[name], record["bits"] = (blocked, fmt), 8
+        rounded[name], record["bits"] = (Packed.of(blocked), fmt), 8
 
 
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
@@ -206,7 +225,7 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
             raise BudgetError(f"the model is {smallest / 1e6:.1f} MB with every layer in {fmt.bits}-bit blocks of "
                               f"{fmt.block_size}: more than --max-size {max_bytes / 1e6:.1f} MB")  # fmt: skip
     records: dict[str, dict[str, Any]] = {}
-    rounded: dict[str, tuple[Any, BlockFormat]] = {}
+    rounded: dict[str, tuple[Packed, BlockFormat]] = {}
     for name, (_, weight) in layers.items():
         if progress is not None:
             progress(len(records), time.perf_counter() - started)
@@ -217,15 +236,15 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
             record["float"] = f"K = {w.shape[0]} is less than one block of {layer_fmt.block_size}"
             continue
         blocked, record["rounding"] = _round(w, moments.get(name), layer_fmt, methods)
-        rounded[name] = (blocked, layer_fmt)
+        rounded[name] = (Packed.of(blocked), layer_fmt)
     if room is not None:
         _fit(layers, rounded, records, moments, room, methods)
-    for name, (blocked, layer_fmt) in rounded.items():
+    for name, (packed, layer_fmt) in rounded.items():
         node, weight = layers[name]
-        stored = _replace(graph, node, weight, layer_fmt, blocked)
+        stored = _replace(graph, node, weight, layer_fmt, packed)
         tied = ties.get(str(weight.name), [])
         if tied:
-            records[name]["tied"] = {str(g.name): _tie(graph, t, g, stored, blocked) for t, g in tied}
+            records[name]["tied"] = {str(g.name): _tie(graph, t, g, stored, packed) for t, g in tied}
         if not weight.uses():
             graph.initializers.pop(str(weight.name))
     if rounded:
