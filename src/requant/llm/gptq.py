@@ -58,7 +58,9 @@ def gptq(
     hh[:k, :k] = damped(h, damping)
     perm = np.argsort(-np.diag(hh)[:k], kind="stable") if order == "activation" else np.arange(k)
     perm = np.concatenate([perm, np.arange(k, size)])
-    u = upper_inverse_factor(hh[np.ix_(perm, perm)])
+    hh = hh[np.ix_(perm, perm)]  # rebound, then dropped: K x K float64 each (128 MB at K = 4096)
+    u = upper_inverse_factor(hh)
+    del hh
     scales = np.zeros((n, fmt.blocks(k)), np.float32)
     zero_points = np.zeros((n, fmt.blocks(k)), np.uint8)
     if order == "activation":
