@@ -3,6 +3,8 @@ carries, the models that cannot be cut, and windows run through the sections as 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -61,9 +63,9 @@ def test_a_model_that_cannot_be_cut_is_one_section(names: list[str]) -> None:
     assert found[0].nodes == tuple(range(len(names) + 1))
 
 
-def test_windows_run_through_the_sections_give_the_whole_models_values(tmp_path: object) -> None:
+def test_windows_run_through_the_sections_give_the_whole_models_values(tmp_path: Path) -> None:
     model = _model(["/model/embed/Add", "/model/layers.0/Add", "/model/layers.1/Add"])
-    run = SectionRun(ir.to_proto(model), model.graph, tmp_path, most=0)  # type: ignore[arg-type]
+    run = SectionRun(ir.to_proto(model), model.graph, tmp_path, most=0)
     feeds = [{"x": np.array([1.0, -2.0], np.float32)}, {"x": np.array([0.5, 3.0], np.float32)}]
     seen = [
         (s.name, w, sorted(got)) for s, w, got in run.run(feeds, lambda s, w: ["y"] if s.name == "epilogue" else [])
@@ -77,3 +79,13 @@ def test_windows_run_through_the_sections_give_the_whole_models_values(tmp_path:
     asked = [got for s, _, got in run.run(feeds, lambda s, w: ["v0"] if s.name == "layers.0" else [])
              if s.name == "layers.0"]  # fmt: skip
     np.testing.assert_array_equal(asked[1]["v0"], feeds[1]["x"] + 1)  # a section's input, given as it came
+
+
+def test_a_section_onnx_runtime_refuses_is_a_clear_error(tmp_path: Path) -> None:
+    from requant.llm.decoder import DecoderError
+
+    model = _model(["/model/embed/Add", "/model/layers.0/Add", "/model/layers.1/Add"])
+    list(model.graph)[2].op_type = "NoSuchOp"  # layers.1's node
+    run = SectionRun(ir.to_proto(model), model.graph, tmp_path, most=0)
+    with pytest.raises(DecoderError, match=r"cannot run the model in .* \(its section layers\.1\)"):
+        list(run.run([{"x": np.array([1.0, 2.0], np.float32)}], lambda s, w: ["y"] if s.name == "epilogue" else []))

@@ -42,18 +42,19 @@ BATCH = 4  # windows whose values are held before their products are taken
 
 class LayerMoments(Mapping[str, Array]):
     """The input moments of ``layers`` (node name -> the value it reads), by node name; see the module's
-    docstring. ``progress(sections done, seconds)`` after each section; ``most``: the sections' weights
-    (:func:`~requant.llm.sections.sections`)."""
+    docstring. ``progress(sections done, seconds)`` after each section (settable once :attr:`sections` is
+    known); ``most``: the sections' weights (:func:`~requant.llm.sections.sections`)."""
 
     def __init__(self, decoder: Decoder, layers: Mapping[str, str], windows: Sequence[Array],
                  held: Sequence[Array] = (), keep: Path | None = None,
                  progress: Callable[[int, float], None] | None = None, most: int = SECTION_BYTES) -> None:  # fmt: skip
-        self._layers, self._keep, self._progress = dict(layers), keep, progress
+        self._layers, self._keep, self.progress = dict(layers), keep, progress
         self._counted, self._held = len(windows), list(held)
         run = SectionRun(ir.to_proto(decoder.model), decoder.model.graph, decoder.path.parent, most)
         self.sections = run.sections
         where = section_of(run.sections, decoder.model.graph)
         self._section = {name: where[name] for name in self._layers}
+        self._names = {s.name: [n for n in self._layers if self._section[n] == s.name] for s in run.sections}
         self._order = [s.name for s in run.sections]
         feeds = [decoder.feeds(ids) for ids in [*windows, *held]]
         self._steps: Iterator[tuple[Section, int, dict[str, Array]]] = run.run(feeds, self._wanted)
@@ -65,7 +66,7 @@ class LayerMoments(Mapping[str, Array]):
         """A calibration window: the section's layers' inputs; a held-out one: the last section's logits."""
         if window >= self._counted:
             return ["logits"] if section.name == self._order[-1] else []
-        return sorted({self._layers[n] for n in self._names(section.name)})
+        return sorted({self._layers[n] for n in self._names[section.name]})
 
     def __len__(self) -> int:
         return len(self._layers)
@@ -90,18 +91,18 @@ class LayerMoments(Mapping[str, Array]):
         if self._keep is None:
             raise RequantError(f"the moments of {name} (section {section}) were dropped when the next section "
                                "ran: nothing kept them")  # fmt: skip
-        path = self._keep / f"{self._order.index(section)}_{self._names(section).index(name)}.npy"
-        loaded: Array = np.load(path, mmap_mode="r")
+        loaded: Array = np.load(self._kept(name), mmap_mode="r")
         return loaded
 
-    def _names(self, section: str) -> list[str]:
-        return [n for n, s in self._section.items() if s == section]
+    def _kept(self, name: str) -> Path:
+        assert self._keep is not None
+        return self._keep / f"{list(self._layers).index(name)}.npy"
 
     def _next_section(self) -> None:
         started = time.perf_counter()
         if self._done and self._keep is not None:  # the section before, for a second reading
-            for i, name in enumerate(self._names(self._done[-1])):
-                np.save(self._keep / f"{len(self._done) - 1}_{i}.npy", self._current[name])
+            for name in self._names[self._done[-1]]:
+                np.save(self._kept(name), self._current[name])
         totals: dict[str, Array] = {}
         pending: list[tuple[int, dict[str, Array]]] = []  # BATCH windows' values, then their products (ONNX
         last = self._counted + len(self._held) - 1  # Runtime's threads and BLAS's taking turns at every window:
@@ -116,10 +117,10 @@ class LayerMoments(Mapping[str, Array]):
             if w == last:
                 break
         self._done.append(section.name)
-        self._current = {n: totals[self._layers[n]] for n in self._names(section.name)}
+        self._current = {n: totals[self._layers[n]] for n in self._names[section.name]}
         self.seconds += time.perf_counter() - started
-        if self._progress is not None:
-            self._progress(len(self._done), self.seconds)
+        if self.progress is not None:
+            self.progress(len(self._done), self.seconds)
 
     def _count(self, totals: dict[str, Array], got: dict[str, Array], w: int) -> None:
         if w >= self._counted:  # a held-out window: its logits only

@@ -20,7 +20,7 @@ from requant.llm.decoder import Decoder
 from requant.llm.sections import SectionRun
 from requant.report.latency import interleaved_latency_ms, session
 
-__all__ = ["latency_ms", "perplexity", "sectioned_perplexity", "session", "window_nll"]
+__all__ = ["latency_ms", "nll_perplexity", "perplexity", "sectioned_perplexity", "session", "window_nll"]
 
 Array = npt.NDArray[Any]
 PREFILL = 128  # tokens of the prefill whose latency is measured; the decoding step follows it
@@ -35,7 +35,8 @@ def window_nll(logits: Array, ids: Array) -> float:
     return float(np.sum(log_norm - picked))
 
 
-def _perplexity(total: float, windows: Sequence[Array]) -> float:
+def nll_perplexity(total: float, windows: Sequence[Array]) -> float:
+    """``exp`` of ``total`` (the summed negative log-likelihood of ``windows``) over the tokens it covers."""
     count = sum(ids.shape[1] - 1 for ids in windows)
     return math.exp(total / count) if count and math.isfinite(total) else math.inf
 
@@ -47,7 +48,7 @@ def perplexity(decoder: Decoder, run: Any, windows: Sequence[Array]) -> float:
     for ids in windows:
         (logits,) = run.run(["logits"], decoder.feeds(ids))
         total += window_nll(logits, ids)
-    return _perplexity(total, windows)
+    return nll_perplexity(total, windows)
 
 
 def sectioned_perplexity(decoder: Decoder, model: ir.Model, folder: Path, windows: Sequence[Array]) -> float:
@@ -61,7 +62,7 @@ def sectioned_perplexity(decoder: Decoder, model: ir.Model, folder: Path, window
                                    lambda s, _w: ["logits"] if s.name == last else []):  # fmt: skip
         if "logits" in got:
             total += window_nll(got["logits"], windows[w])
-    return _perplexity(total, windows)
+    return nll_perplexity(total, windows)
 
 
 def latency_ms(decoder: Decoder, runs: Sequence[Any], prompt: Array) -> dict[str, list[float]]:

@@ -28,6 +28,9 @@ import numpy.typing as npt
 import onnx
 import onnx_ir as ir
 
+from requant.llm.decoder import DecoderError
+from requant.report.latency import session
+
 __all__ = ["SECTION_BYTES", "Section", "SectionRun", "section_of", "sections"]
 
 Array = npt.NDArray[Any]
@@ -167,15 +170,13 @@ class SectionRun:
         return serialized
 
     def _session(self, section: Section, example: Mapping[str, Array], outputs: Sequence[str]) -> Any:
-        import onnxruntime as ort  # type: ignore[import-untyped]
-
-        from requant.runtime import cpu_session
-
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder))
-        return cpu_session(self._model(section, example, outputs), options)
+        """The section's session (a :class:`~requant.llm.decoder.DecoderError` when ONNX Runtime refuses it)."""
+        try:
+            return session(self._model(section, example, outputs), threads=0, folder=str(self.folder))
+        except Exception as exc:  # ONNX Runtime raises its own kinds (Fail, InvalidGraph, NotImplemented)
+            first = str(exc).strip().splitlines()[0]
+            raise DecoderError(f"ONNX Runtime cannot run the model in '{self.folder}' (its section "
+                               f"{section.name}): {first}") from None  # fmt: skip
 
     def run(
         self,

@@ -26,8 +26,9 @@ from requant.runtime import cpu_session
 __all__ = ["interleaved_latency_ms", "session"]
 
 
-def session(model: Any, threads: int = 2, spinning: bool = False) -> Any:
-    """An ONNX Runtime CPU session for ``model`` (a path, bytes or ``ModelProto``)."""
+def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | None = None) -> Any:
+    """An ONNX Runtime CPU session for ``model`` (a path, bytes or ``ModelProto``; ``threads`` 0: ONNX Runtime's
+    default; ``folder``: where the external data of a model given as bytes is)."""
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     options = ort.SessionOptions()
@@ -35,6 +36,8 @@ def session(model: Any, threads: int = 2, spinning: bool = False) -> Any:
     options.log_severity_level = 3
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if folder is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else model
     return cpu_session(source, options)
 

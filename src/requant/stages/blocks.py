@@ -15,7 +15,6 @@ Records: ``llm`` (the model, the format, the calibration, each layer's rounding,
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -34,8 +33,7 @@ from requant.llm.blocks import BlockFormat
 from requant.llm.decoder import Decoder, model_bytes, open_decoder
 from requant.llm.moments import LayerMoments
 from requant.llm.nbits import BudgetError, linear_weights, to_matmul_nbits
-from requant.llm.runs import PREFILL, latency_ms, sectioned_perplexity, session
-from requant.llm.sections import sections
+from requant.llm.runs import PREFILL, latency_ms, nll_perplexity, sectioned_perplexity, session
 from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
 
 if TYPE_CHECKING:
@@ -105,16 +103,16 @@ def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path |
     at a time as the rounding asks (:mod:`requant.llm.moments`); ``held`` windows carried for their logits."""
     graph = decoder.model.graph
     layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(graph).items()}  # type: ignore[union-attr]
-    bar = progress or terminal_progress("calibrating and rounding", len(sections(graph)), "sections")
-    return LayerMoments(decoder, layers, windows, held, keep, bar)
+    moments = LayerMoments(decoder, layers, windows, held, keep)
+    moments.progress = progress or terminal_progress("calibrating and rounding", len(moments.sections), "sections")
+    return moments
 
 
 def _check(decoder: Decoder, moments: LayerMoments, staged: Staged, windows: list[Any],
            held_out: bool) -> dict[str, Any]:  # fmt: skip
     """Float's perplexity on the held-out windows (their logits came through the moments' pass) against the
     quantized model's, run a section at a time."""
-    count = sum(w.shape[1] - 1 for w in windows)
-    before = math.exp(moments.held_nll / count) if math.isfinite(moments.held_nll) else math.inf
+    before = nll_perplexity(moments.held_nll, windows)
     after = sectioned_perplexity(decoder, ir.load(staged.model_path), staged.folder, windows)
     ratio = after / before
     checked: dict[str, Any] = {"windows": len(windows), "held_out": held_out, "float_perplexity": before,
