@@ -33,30 +33,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = Path(__file__).parent / "results" / "bench_llm_memory.json"
-HEADS, VOCAB = 16, 512
 
 
-def make_decoder(root: Path, layers: int, hidden: int, mlp: int) -> Path:
-    """The synthetic decoder's genai folder (see the module's docstring)."""
-    import torch
-    from tests.models.tiny_decoder import _tokenizer, docs_text, make_genai_folder
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# the CLI in the limited child, which prints a line as each section is done (its data segment then, MB) and its
+# own peak resident memory (kB) last
+_CHILD = """import re, resource, runpy, sys, time
+import requant.stages.blocks as blocks
+started = time.perf_counter()
 
-    text, _ = docs_text()
-    tok = _tokenizer(text)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=1024,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    hf = root / "hf"
-    LlamaForCausalLM(config).save_pretrained(hf)
-    fast.save_pretrained(hf)
-    return make_genai_folder(hf, root / "genai")
+def progress(label, total, unit):
+    def line(done, seconds):
+        data = re.search(r"VmData:\\s+(\\d+)", open("/proc/self/status").read()).group(1)
+        wall = time.perf_counter() - started
+        print(f"section {done} of {total} at {wall:.0f} s: data {int(data) >> 10} MB", file=sys.stderr, flush=True)
+    return line
 
-
-# the CLI in the limited child, which prints its own peak resident memory (kB) last
-_CHILD = """import resource, runpy, sys
+blocks.terminal_progress = progress
 sys.argv = ["requant", *sys.argv[1:]]
 try:
     runpy.run_module("requant", run_name="__main__")
@@ -81,7 +73,7 @@ def main() -> None:
     parser.add_argument("--json", default=str(RESULTS))
     parser.add_argument("--model", help="a folder where the synthetic decoder is made once and kept")
     args = parser.parse_args()
-    from tests.models.tiny_decoder import docs_text
+    from tests.models.tiny_decoder import docs_text, make_random_decoder
 
     from requant.llm.decoder import model_bytes, open_decoder
     from requant.llm.nbits import linear_weights
@@ -92,34 +84,44 @@ def main() -> None:
         folder = (
             kept / "genai"
             if kept and (kept / "genai").is_dir()
-            else make_decoder(kept or root, args.layers, args.hidden, args.mlp)
+            else make_random_decoder(kept or root, args.layers, args.hidden, args.mlp)
         )
         decoder = open_decoder(folder)
         size = model_bytes(decoder.path)
         values = {str(node.inputs[0].name): node.inputs[1].const_value.shape[0]  # type: ignore[union-attr]
                   for node, _ in linear_weights(decoder.model.graph).values()}  # fmt: skip
         all_moments = sum(8 * k * k for k in values.values())
+        names = [str(node.name) for node, _ in linear_weights(decoder.model.graph).values()]
+        layers = len({name.split("layers.")[1].split("/")[0] for name in names if "layers." in name})
         calib = root / "calib.txt"
         calib.write_text(docs_text()[0])
         cli = ["quantize", str(folder), "-o", str(root / "out"), "--calib", str(calib), "--preset",
                "INT4_BLOCKWISE_WEIGHTS", "--block-size", "128", "--no-measure", "--report-json",
                str(root / "report.json")]  # fmt: skip
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", _CHILD, *cli], preexec_fn=_limited(args.limit),
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, *cli], preexec_fn=_limited(args.limit),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        said, sections = [], []
+        for line in child.stderr or ():
+            said.append(line.rstrip("\n"))
+            if line.startswith("section "):
+                print(line.rstrip(), flush=True)
+                sections.append(int(line.split()[-2]))
+        returncode = child.wait()
         seconds = time.perf_counter() - started
-        peaks = [line.split()[-1] for line in done.stderr.splitlines() if line.startswith("peak ")]
+        peaks = [line.split()[-1] for line in said if line.startswith("peak ")]
         peak = int(peaks[-1]) * 1024 if peaks else 0
-        report = json.loads((root / "report.json").read_text()) if done.returncode == 0 else {}
-    result = {"model_bytes": size, "layers": args.layers, "limit_bytes": args.limit << 20, "exit": done.returncode,
+        report = json.loads((root / "report.json").read_text()) if returncode == 0 else {}
+    result = {"model_bytes": size, "layers": layers, "limit_bytes": args.limit << 20, "exit": returncode,
+              "data_mb_after_each_section": sections,
               "seconds": seconds, "peak_rss_bytes": peak, "all_moments_bytes": all_moments,
               "quantized_bytes": report.get("llm", {}).get("size", {}).get("quantized_bytes"),
               "check": report.get("outputs", {}).get("ratio"), "steps": report.get("llm", {}).get("seconds")}  # fmt: skip
-    print(f"model {size / 1e6:.0f} MB float32 ({args.layers} layers), RLIMIT_DATA {args.limit} MB: exit "
-          f"{done.returncode} in {seconds:.0f} s, peak resident {peak / 1e6:.0f} MB; every layer's moments at once "
+    print(f"model {size / 1e6:.0f} MB float32 ({layers} layers), RLIMIT_DATA {args.limit} MB: exit "
+          f"{returncode} in {seconds:.0f} s, peak resident {peak / 1e6:.0f} MB; every layer's moments at once "
           f"(the flow before sections) {all_moments / 1e6:.0f} MB")  # fmt: skip
-    if done.returncode != 0:
-        print("\n".join(line for line in done.stderr.strip().splitlines()[-12:] if not line.startswith("peak ")))
+    if returncode != 0:
+        print("\n".join(line for line in said[-12:] if not line.startswith(("peak ", "section "))))
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
 

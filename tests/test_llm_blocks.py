@@ -3,12 +3,14 @@ against the textbook computation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from requant.encoding.rounding import damped
+from requant.encoding.rounding import damped, damped_diagonal
 from requant.llm.blocks import (
     Blocked,
     BlockFormat,
@@ -19,7 +21,7 @@ from requant.llm.blocks import (
     round_to_nearest,
     unpack,
 )
-from requant.llm.gptq import gptq
+from requant.llm.gptq import gptq, inverse_factor
 from requant.llm.rounding import METHODS
 
 
@@ -115,6 +117,26 @@ def test_gptq_matches_the_textbook_computation_and_beats_nearest_on_its_inputs(s
     assert error["gptq"] < 0.7 * error["nearest"], error
     held_out = _inputs(k, 256, seed=3)
     assert float(((held_out @ (dequantize(ours) - w)) ** 2).mean()) < error["nearest"] * 1.2
+
+
+@pytest.mark.parametrize("order", ["natural", "activation"])
+def test_the_inverse_factor_made_in_place_is_the_factor_of_the_damped_padded_reordered_inverse(order: str) -> None:
+    """GPTQ's U: the upper Cholesky factor of the inverse of H damped (an input never seen: 1 on its diagonal),
+    padded to whole blocks with an identity and put in the order; computed as written, in float64."""
+    k, size = 40, 48
+    x = _inputs(k, 128, seed=6)
+    x[:, 5] = 0  # an input never seen
+    h = x.astype(np.float64).T @ x
+    diagonal = damped_diagonal(h)
+    perm = np.argsort(-diagonal, kind="stable") if order == "activation" else np.arange(k)
+    perm = np.concatenate([perm, np.arange(k, size)])
+    padded = np.eye(size)
+    padded[:k, :k] = damped(h)
+    reordered = padded[np.ix_(perm, perm)]
+    expected = np.linalg.cholesky(np.linalg.inv(reordered)).T
+    got = inverse_factor(h, diagonal, perm)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+    np.testing.assert_array_equal(h, x.astype(np.float64).T @ x)  # H itself untouched
 
 
 def test_gptq_in_activation_order_keeps_each_blocks_scales_from_the_original_weights() -> None:
@@ -231,6 +253,26 @@ def test_a_models_linear_layers_become_matmul_nbits_that_onnx_runtime_runs_as_ro
     # fc1's stored weight is at least as close on its inputs as nearest's
     nearest = dequantize(round_to_nearest(w1, fmt))
     assert ((data @ (deq["fc1"] - w1)) ** 2).sum() <= ((data @ (nearest - w1)) ** 2).sum() * (1 + 1e-9)
+
+
+def test_rounded_layers_kept_in_a_folder_are_memory_mapped_and_write_the_same_model(tmp_path: Path) -> None:
+    """Each layer's blocks written to the folder as soon as they are rounded and read back memory-mapped (the
+    flow then holds none of them): the model is the same as with the blocks in memory."""
+    from requant.llm.nbits import to_matmul_nbits
+
+    w = np.random.default_rng(10).normal(size=(64, 24)).astype(np.float32)
+    models = []
+    for folder in (None, tmp_path):
+        x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([None, 64]))
+        node = ir.node("MatMul", [x, ir.Value(name="w", const_value=ir.tensor(w, name="w"))], name="fc")
+        node.outputs[0].name = "y"
+        models.append(ir.Model(ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 21}), ir_version=10))
+        models[-1].graph.initializers["w"] = node.inputs[1]  # type: ignore[index]
+        data = _inputs(64, 128, seed=11)
+        to_matmul_nbits(models[-1], BlockFormat(4, 32, True), {"fc": data.astype(np.float64).T @ data}, folder=folder)
+    stored = models[1].graph.initializers["w_Q"].const_value.numpy()  # type: ignore[union-attr]
+    assert isinstance(stored, np.memmap) and Path(stored.filename).parent == tmp_path
+    assert ir.to_proto(models[0]).SerializeToString() == ir.to_proto(models[1]).SerializeToString()
 
 
 def test_the_two_activation_order_gptqs_in_one_pass_give_the_codes_of_two() -> None:

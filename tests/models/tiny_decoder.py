@@ -68,6 +68,25 @@ def make_hf_folder(folder: Path) -> Path:
     return folder
 
 
+def make_random_decoder(root: Path, layers: int, hidden: int, mlp: int, heads: int = 16) -> Path:
+    """A Llama of random weights (``torch.manual_seed(0)``; the tokenizer of the tiny decoder, a tied embedding)
+    exported to an onnxruntime-genai folder in ``root / "genai"``: for memory and time, not perplexity."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    text, _ = docs_text()
+    fast = PreTrainedTokenizerFast(tokenizer_object=_tokenizer(text), bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>")  # fmt: skip
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024,
+                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    hf = root / "hf"
+    LlamaForCausalLM(config).save_pretrained(hf)
+    fast.save_pretrained(hf)
+    return make_genai_folder(hf, root / "genai")
+
+
 def make_genai_folder(hf_folder: Path, out: Path) -> Path:
     """onnxruntime-genai's builder's float32 CPU export of ``hf_folder`` in ``out``."""
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out),

@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DAMPING", "damped", "output_error", "round_rows", "round_rows_each", "upper_inverse_factor"]
+__all__ = [
+    "DAMPING",
+    "damped",
+    "damped_diagonal",
+    "output_error",
+    "round_rows",
+    "round_rows_each",
+    "upper_inverse_factor",
+]
 
 Array = npt.NDArray[Any]
 
@@ -69,15 +77,20 @@ def lower_inverse(lower: Array, leaf: int = 128) -> Array:
 
 
 def damped(h: Array, damping: float = DAMPING) -> Array:
-    """``h`` (``[K, K]``, or a stack of them; a float64 copy) once each input that was always zero has a
-    diagonal of 1 (its weights rounded to nearest, alone) and ``damping`` times the mean of the diagonal is
-    added to it."""
+    """``h`` (``[K, K]``, or a stack of them; a float64 copy) with :func:`damped_diagonal` on its diagonal."""
     h = np.array(h, np.float64)
     k = np.arange(h.shape[-1])
-    diagonal = h[..., k, k]
-    diagonal[diagonal <= 0] = 1.0
-    h[..., k, k] = diagonal + damping * diagonal.mean(axis=-1, keepdims=True)
+    h[..., k, k] = damped_diagonal(h, damping)
     return h
+
+
+def damped_diagonal(h: Array, damping: float = DAMPING) -> Array:
+    """The diagonal of ``h`` (float64) once each input that was always zero has 1 there (its weights rounded to
+    nearest, alone) and ``damping`` times the mean of the diagonal is added to it."""
+    diagonal = np.array(np.diagonal(h, axis1=-2, axis2=-1), np.float64)
+    diagonal[diagonal <= 0] = 1.0
+    damped_values: Array = diagonal + damping * diagonal.mean(axis=-1, keepdims=True)
+    return damped_values
 
 
 def _damped_factor(h: Array) -> Array:

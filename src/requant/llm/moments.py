@@ -31,6 +31,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
 from requant.llm.decoder import Decoder
+from requant.llm.memory import large_blocks_mapped
 from requant.llm.runs import window_nll
 from requant.llm.sections import SECTION_BYTES, Section, SectionRun, section_of
 
@@ -43,12 +44,15 @@ BATCH = 4  # windows whose values are held before their products are taken
 class LayerMoments(Mapping[str, Array]):
     """The input moments of ``layers`` (node name -> the value it reads), by node name; see the module's
     docstring. ``progress(sections done, seconds)`` after each section (settable once :attr:`sections` is
-    known); ``most``: the sections' weights (:func:`~requant.llm.sections.sections`)."""
+    known); ``most``: the sections' weights (:func:`~requant.llm.sections.sections`); ``prepare(moments)``: given
+    each section's moments by node name before any is asked for (it may change them in place:
+    :mod:`requant.llm.awq`)."""
 
     def __init__(self, decoder: Decoder, layers: Mapping[str, str], windows: Sequence[Array],
                  held: Sequence[Array] = (), keep: Path | None = None,
-                 progress: Callable[[int, float], None] | None = None, most: int = SECTION_BYTES) -> None:  # fmt: skip
-        self._layers, self._keep, self.progress = dict(layers), keep, progress
+                 progress: Callable[[int, float], None] | None = None, most: int = SECTION_BYTES,
+                 prepare: Callable[[Mapping[str, Array]], None] | None = None) -> None:  # fmt: skip
+        self._layers, self._keep, self.progress, self.prepare = dict(layers), keep, progress, prepare
         self._counted, self._held = len(windows), list(held)
         run = SectionRun(ir.to_proto(decoder.model), decoder.model.graph, decoder.path.parent, most)
         self.sections = run.sections
@@ -103,7 +107,20 @@ class LayerMoments(Mapping[str, Array]):
         if self._done and self._keep is not None:  # the section before, for a second reading
             for name in self._names[self._done[-1]]:
                 np.save(self._kept(name), self._current[name])
+        with large_blocks_mapped():  # the pass's freed arrays given back to the system (requant.llm.memory)
+            section, totals = self._pass()
+        self._done.append(section.name)
+        self._current = {n: totals[self._layers[n]] for n in self._names[section.name]}
+        self.seconds += time.perf_counter() - started
+        if self.prepare is not None:  # (its time is the rounding's)
+            self.prepare(self._current)
+        if self.progress is not None:
+            self.progress(len(self._done), self.seconds)
+
+    def _pass(self) -> tuple[Section, dict[str, Array]]:
+        """The next section's pass over the windows: it, and the sums by value read."""
         totals: dict[str, Array] = {}
+        self._products: dict[int, Array] = {}
         pending: list[tuple[int, dict[str, Array]]] = []  # BATCH windows' values, then their products (ONNX
         last = self._counted + len(self._held) - 1  # Runtime's threads and BLAS's taking turns at every window:
         while True:  # SmolLM2's runs took 24 s instead of 20)
@@ -115,12 +132,8 @@ class LayerMoments(Mapping[str, Array]):
                         self._count(totals, values, window)
                 pending = []
             if w == last:
-                break
-        self._done.append(section.name)
-        self._current = {n: totals[self._layers[n]] for n in self._names[section.name]}
-        self.seconds += time.perf_counter() - started
-        if self.progress is not None:
-            self.progress(len(self._done), self.seconds)
+                del self._products
+                return section, totals
 
     def _count(self, totals: dict[str, Array], got: dict[str, Array], w: int) -> None:
         if w >= self._counted:  # a held-out window: its logits only
@@ -129,7 +142,10 @@ class LayerMoments(Mapping[str, Array]):
             return
         for name, x in got.items():
             rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
-            product = rows.T @ rows  # float32, summed into float64 (converted on the way: no float64 copy)
+            k = rows.shape[1]
+            if k not in self._products:  # one float32 product per size, reused (a fresh one each window was mapped
+                self._products[k] = np.empty((k, k), np.float32)  # page by page: 6 s of SmolLM2's 30)
+            product = np.matmul(rows.T, rows, out=self._products[k])  # summed into float64 (converted on the way)
             if name in totals:
                 np.add(totals[name], product, out=totals[name])
             else:

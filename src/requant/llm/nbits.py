@@ -10,9 +10,11 @@ name), else to nearest. A weight whose ``K`` is smaller than one block is left f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,15 @@ from requant.llm.blocks import BlockFormat, pack, round_to_nearest
 from requant.llm.budget import Candidate, promoted, stored_bytes
 from requant.llm.rounding import METHODS, round_layer
 
-__all__ = ["ACCURACY_LEVELS", "MS_DOMAIN", "BudgetError", "linear_weights", "tied_gathers", "to_matmul_nbits"]
+__all__ = [
+    "ACCURACY_LEVELS",
+    "MS_DOMAIN",
+    "BudgetError",
+    "linear_weights",
+    "tied_gathers",
+    "to_matmul_nbits",
+    "weight_dims",
+]
 
 Array = npt.NDArray[Any]
 MS_DOMAIN = "com.microsoft"
@@ -33,7 +43,8 @@ MS_DOMAIN = "com.microsoft"
 # kernel for 8-bit blocks and dequantizes the whole weight on every call (SmolLM2's LM head, [576, 49152], one
 # token: 57.5 ms at level 0, 0.90 ms at level 4; 4 bits: 1.55 ms at level 0; interleaved, 2 threads)
 ACCURACY_LEVELS = {4: 0, 8: 4}
-# blocks of this many bits are rounded without the clipping search (clip, clip_gptq): at 8 bits it won 1 of
+# blocks of this many bits are rounded without the clipping search (clip; clip_gptq becomes GPTQ at the weights'
+# own ranges, gptq_activation_order): at 8 bits it won 1 of
 # SmolLM2's 151 layers (1.9 dB there, 0.01 dB on average; all layers at 8 bits, blocks of 128) and took 6.5 s of
 # the 10 s its 8-bit LM head's rounding took
 UNCLIPPED_BITS = 8
@@ -104,6 +115,20 @@ class Packed:
         b, scales, zero_points = pack(blocked)
         return cls(b, scales, zero_points, int(blocked.codes.shape[0]), int(blocked.k), blocked.format)
 
+    def kept(self, folder: Path | None, name: str) -> Packed:
+        """These blocks written to ``folder`` (files named ``name``) and read back memory-mapped: the rounded
+        layers then take no memory of the flow's (the file's pages are the system's to drop); as they are without
+        a folder."""
+        if folder is None:
+            return self
+        arrays = {}
+        for field in ("b", "scales", "zero_points"):
+            if getattr(self, field) is not None:
+                path = folder / f"{name}.{field}.npy"
+                np.save(path, getattr(self, field))
+                arrays[field] = np.load(path, mmap_mode="r")
+        return dataclasses.replace(self, **arrays)
+
 
 def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat, packed: Packed) -> list[ir.Value]:
     """``node`` as ``MatMulNBits`` of ``packed``; its ``B``, ``scales`` and (asymmetric) ``zero_points``."""
@@ -155,7 +180,7 @@ def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.V
     return f"reads the LM head's blocks, a Slice dropping the last block's padding (K = {k})"
 
 
-def _dims(weight: ir.Value) -> tuple[int, int]:
+def weight_dims(weight: ir.Value) -> tuple[int, int]:
     """A linear layer's weight's ``(K, N)``."""
     k, n = weight.const_value.shape.numpy()  # type: ignore[union-attr]
     return int(k), int(n)
@@ -166,8 +191,10 @@ def _round(w: Array, h: Array | None, fmt: BlockFormat, methods: tuple[str, ...]
     the clipping search, :data:`UNCLIPPED_BITS`), or to nearest without them; the rounding's record."""
     if h is None:
         return round_to_nearest(w, fmt), {"chosen": "nearest", "why": "no input moments"}
-    unclipped = tuple(m for m in methods if not m.startswith("clip")) if fmt.bits >= UNCLIPPED_BITS else ()
-    return round_layer(w, h, fmt, unclipped or methods)
+    if fmt.bits >= UNCLIPPED_BITS:  # GPTQ at the weights' own ranges in place of the clipping search's
+        methods = tuple(dict.fromkeys("gptq_activation_order" if m == "clip_gptq" else m for m in methods
+                                      if m != "clip"))  # fmt: skip
+    return round_layer(w, h, fmt, methods)
 
 
 def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]],
@@ -177,14 +204,15 @@ def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value
     blocked = {str(layers[name][1].name) for name in formats}
     others = sum(v.const_value.nbytes for v in graph.initializers.values()
                  if v.const_value is not None and str(v.name) not in blocked)  # fmt: skip
-    return others + sum(stored_bytes(f, *_dims(layers[name][1])) for name, f in formats.items())
+    return others + sum(stored_bytes(f, *weight_dims(layers[name][1])) for name, f in formats.items())
 
 
 def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Packed, BlockFormat]],
          records: Mapping[str, dict[str, Any]], moments: Mapping[str, Array], room: int,
-         methods: tuple[str, ...]) -> None:  # fmt: skip
+         methods: tuple[str, ...], folder: Path | None) -> None:  # fmt: skip
     """Give 8 bits to the 4-bit layers that leave the most output error per byte, within ``room`` more bytes
-    (:mod:`requant.llm.budget`): rounded again at 8 bits by ``methods``, their records saying so."""
+    (:mod:`requant.llm.budget`): rounded again at 8 bits by ``methods``, their records saying so (their blocks
+    kept in ``folder`` as :meth:`Packed.kept` says)."""
     formats = {name: fmt for name, (_, fmt) in rounded.items()}
     candidates = []
     for name, fmt in formats.items():
@@ -199,24 +227,25 @@ def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tupl
         record["budget"] = {"bits": 4, "output_error": record["rounding"]["output_error"],
                             "why": "8 bits within --max-size: among the most 4-bit output error per byte"}  # fmt: skip
         blocked, record["rounding"] = _round(w, moments.get(name), fmt, methods)
-        rounded[name], record["bits"] = (Packed.of(blocked), fmt), 8
+        rounded[name], record["bits"] = (Packed.of(blocked).kept(folder, f"{list(layers).index(name)}-8"), fmt), 8
 
 
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
                     methods: tuple[str, ...] = METHODS, progress: Callable[[int, float], None] | None = None,
                     tied_format: BlockFormat | None = None, max_bytes: int | None = None,
-                    framing: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+                    framing: int = 0, folder: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Rewrite ``model``'s linear layers (in place) as ``MatMulNBits`` in ``fmt`` (a layer tied to an embedding:
     in ``tied_format`` when given); with ``max_bytes``, the 4-bit layers that cost the most get 8 bits within it
     (:mod:`requant.llm.budget`; the model's tensors and ``framing``, what its file holds beyond them; a
     :class:`BudgetError` before any rounding when even ``fmt`` does not fit). A record per layer (its name, ``K``,
     ``N``, bits, the rounding chosen and each one's output SQNR, how its tied embedding reads it, or why it
-    stayed float)."""
+    stayed float). ``folder``: where each layer's blocks are kept as soon as they are rounded
+    (:meth:`Packed.kept`), for as long as the model is used."""
     graph, moments = model.graph, moments or {}
     ties, started = tied_gathers(graph), time.perf_counter()
     layers = linear_weights(graph, ties)
     formats = {name: tied_format if tied_format is not None and str(w.name) in ties else fmt
-               for name, (_, w) in layers.items() if _dims(w)[0] >= fmt.block_size}  # fmt: skip
+               for name, (_, w) in layers.items() if weight_dims(w)[0] >= fmt.block_size}  # fmt: skip
     room = None
     if max_bytes is not None:
         smallest = framing + _planned_bytes(graph, layers, formats)
@@ -226,19 +255,20 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
                               f"{fmt.block_size}: more than --max-size {max_bytes / 1e6:.1f} MB")  # fmt: skip
     records: dict[str, dict[str, Any]] = {}
     rounded: dict[str, tuple[Packed, BlockFormat]] = {}
-    for name, (_, weight) in layers.items():
+    for index, (name, (_, weight)) in enumerate(layers.items()):
         if progress is not None:
             progress(len(records), time.perf_counter() - started)
-        w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
-        layer_fmt = formats.get(name, fmt)
-        record = records[name] = {"node": name, "k": w.shape[0], "n": w.shape[1], "bits": layer_fmt.bits}
+        (k, n), layer_fmt = weight_dims(weight), formats.get(name, fmt)
+        record = records[name] = {"node": name, "k": k, "n": n, "bits": layer_fmt.bits}
         if name not in formats:
-            record["float"] = f"K = {w.shape[0]} is less than one block of {layer_fmt.block_size}"
+            record["float"] = f"K = {k} is less than one block of {layer_fmt.block_size}"
             continue
-        blocked, record["rounding"] = _round(w, moments.get(name), layer_fmt, methods)
-        rounded[name] = (Packed.of(blocked), layer_fmt)
+        h = moments.get(name)  # first: asking may run the layer's section, whose scales may change its weight
+        w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
+        blocked, record["rounding"] = _round(w, h, layer_fmt, methods)
+        rounded[name] = (Packed.of(blocked).kept(folder, str(index)), layer_fmt)
     if room is not None:
-        _fit(layers, rounded, records, moments, room, methods)
+        _fit(layers, rounded, records, moments, room, methods, folder)
     for name, (packed, layer_fmt) in rounded.items():
         node, weight = layers[name]
         stored = _replace(graph, node, weight, layer_fmt, packed)

@@ -172,7 +172,7 @@ class SectionRun:
     def _session(self, section: Section, example: Mapping[str, Array], outputs: Sequence[str]) -> Any:
         """The section's session (a :class:`~requant.llm.decoder.DecoderError` when ONNX Runtime refuses it)."""
         try:
-            return session(self._model(section, example, outputs), threads=0, folder=str(self.folder))
+            return session(self._model(section, example, outputs), threads=0, folder=str(self.folder), arena=False)
         except Exception as exc:  # ONNX Runtime raises its own kinds (Fail, InvalidGraph, NotImplemented)
             first = str(exc).strip().splitlines()[0]
             raise DecoderError(f"ONNX Runtime cannot run the model in '{self.folder}' (its section "
@@ -201,8 +201,9 @@ class SectionRun:
                 if outputs and session is not None:
                     fed = {n: values[n] for n in section.inputs}
                     got.update(zip(outputs, session.run(outputs, fed), strict=True))
+                if w == len(carried) - 1:  # closed before the last window's values go out (the rounding is next)
+                    session = None
                 yield section, w, got
                 values.update((n, got[n]) for n in forward)
                 for name in [n for n in values if n not in later]:
                     del values[name]
-            del session

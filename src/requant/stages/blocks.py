@@ -29,10 +29,11 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from requant.calibration.runner import terminal_progress
 from requant.frontends import SaveError, save_onnx
+from requant.llm.awq import ScaleSearch, groups
 from requant.llm.blocks import BlockFormat
 from requant.llm.decoder import Decoder, model_bytes, open_decoder
 from requant.llm.moments import LayerMoments
-from requant.llm.nbits import BudgetError, linear_weights, to_matmul_nbits
+from requant.llm.nbits import BudgetError, linear_weights, tied_gathers, to_matmul_nbits, weight_dims
 from requant.llm.runs import PREFILL, latency_ms, nll_perplexity, sectioned_perplexity, session
 from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, WINDOW, load_tokenizer, read_text, token_windows
 
@@ -44,8 +45,10 @@ __all__ = ["FAR", "METHODS", "Staged", "alarm_lines", "lines", "quantize_blocks"
 
 # natural-order GPTQ never won a layer where both were tried (MiniLM 36 of 36, SmolLM2 150 of 150 to
 # activation order): not tried by default (it took a third of the rounding time). The clipping search's
-# scales (clip, clip_gptq) won 117 of SmolLM2's 151 layers: perplexity 23.82 -> 21.96 (4 bits, blocks of 128)
-METHODS = ("nearest", "gptq_activation_order", "clip", "clip_gptq")
+# scales (clip, clip_gptq) won 117 of SmolLM2's 151 layers: perplexity 23.82 -> 21.96 (4 bits, blocks of 128).
+# With the activation-aware scales GPTQ at the weights' own ranges won 3 of 151 and its pass took 9 s of 41:
+# not tried (evaluation +1.78 with it, +1.76 without)
+METHODS = ("nearest", "clip", "clip_gptq")
 CHECK_WINDOWS = 4  # calibration windows held out to check the perplexity (when there are 3x as many)
 FAR = 1.5  # a quantized perplexity this many times float's is an alarm (4-bit nearest, blocks of 128: 1.29)
 
@@ -98,14 +101,28 @@ def _split(windows: list[Any]) -> tuple[list[Any], list[Any], bool]:
     return windows, windows[:CHECK_WINDOWS], False
 
 
-def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path | None, progress: Any) -> LayerMoments:
+def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path | None, progress: Any,
+             scales: ScaleSearch) -> LayerMoments:  # fmt: skip
     """Each linear layer's ``sum x x^T`` by node name (layers reading one value share it), gathered a section
-    at a time as the rounding asks (:mod:`requant.llm.moments`); ``held`` windows carried for their logits."""
+    at a time as the rounding asks (:mod:`requant.llm.moments`), each section's searched for activation-aware
+    scales first (``scales``); ``held`` windows carried for their logits."""
     graph = decoder.model.graph
     layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(graph).items()}  # type: ignore[union-attr]
-    moments = LayerMoments(decoder, layers, windows, held, keep)
+    moments = LayerMoments(decoder, layers, windows, held, keep, prepare=scales)
     moments.progress = progress or terminal_progress("calibrating and rounding", len(moments.sections), "sections")
     return moments
+
+
+def _scale_search(decoder: Decoder, fmt: BlockFormat, folder: Path) -> ScaleSearch:
+    """The activation-aware scale search (:mod:`requant.llm.awq`) of the layers rounded in ``fmt`` (not those tied
+    to an embedding, nor those shorter than a block), the scaled weights kept in ``folder``."""
+    graph = decoder.model.graph
+    ties = tied_gathers(graph)
+    linear = linear_weights(graph, ties)
+    rounded = {
+        name for name, (_, w) in linear.items() if str(w.name) not in ties and weight_dims(w)[0] >= fmt.block_size
+    }
+    return ScaleSearch(linear, groups(linear, rounded), dict.fromkeys(rounded, fmt), folder)
 
 
 def _check(decoder: Decoder, moments: LayerMoments, staged: Staged, windows: list[Any],
@@ -165,17 +182,19 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     calibration, check_windows, held_out = _split(windows)
     seconds, lap = _laps()
     max_bytes = None if options.max_size is None else int(options.max_size * 1e6)
-    with tempfile.TemporaryDirectory(prefix="requant-moments-") as folder:  # a size budget reads some again
-        moments = _moments(decoder, calibration, check_windows, Path(folder) if max_bytes else None, options.progress)
+    with tempfile.TemporaryDirectory(prefix="requant-blocks-") as folder:  # the moments a budget reads again, and
+        kept = Path(folder)  # the rounded layers' blocks (memory-mapped until the model is written)
+        scales = _scale_search(decoder, fmt, kept)
+        moments = _moments(decoder, calibration, check_windows, kept if max_bytes else None, options.progress, scales)
         with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
             records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None, tied_format(fmt), max_bytes,
-                                      _framing(decoder))  # fmt: skip
+                                      _framing(decoder), kept)  # fmt: skip
         moments.finish()
-    lap("rounding")
-    rounded = seconds.pop("rounding") - moments.seconds  # the two interleave: the moments' time is their own
-    seconds["moments"], seconds["rounding"] = moments.seconds, rounded
-    staged = Staged(decoder)
-    lap("writing")
+        lap("rounding")
+        rounded = seconds.pop("rounding") - moments.seconds  # the two interleave: the moments' time is their own
+        seconds["moments"], seconds["rounding"] = moments.seconds, rounded
+        staged = Staged(decoder)
+        lap("writing")
     written = model_bytes(staged.model_path)
     if max_bytes is not None and written > max_bytes:  # the plan counts the weights, not the file's framing
         raise BudgetError(f"the quantized model takes {written / 1e6:.2f} MB, more than --max-size "
@@ -183,6 +202,7 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
     chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
     report["llm"] = {"model": str(decoder.path), "exported": decoder.exported, "format": _format(fmt),
+                     "scales": scales.records,
                      "calibration": {"windows": len(calibration), "window": WINDOW,
                                      "tokens": sum(w.shape[1] for w in calibration)},
                      "roundings": dict(sorted(chosen.items())), "layers": records,
@@ -238,6 +258,20 @@ def _laps() -> tuple[dict[str, float], Callable[[str], None]]:
     return seconds, lap
 
 
+def _scale_lines(groups: list[dict[str, Any]]) -> list[str]:
+    if not groups:
+        return []
+    alphas = sorted(g["alpha"] for g in groups if g["alpha"] > 0)
+    if not alphas:
+        return [
+            f"activation-aware scales: none of {len(groups)} groups of layers gained from scaling (kept as they were)"
+        ]
+    ratios = sorted(g["error_ratio"] for g in groups)
+    return [f"activation-aware scales: {len(alphas)} of {len(groups)} groups of layers scaled (alpha {alphas[0]:g}-"
+            f"{alphas[-1]:g}; their nearest rounding's output error x{ratios[len(ratios) // 2]:.2f} at the median), "
+            "1/s folded into what makes their input (a normalization, or the layer before a Mul)"]  # fmt: skip
+
+
 def lines(report: Mapping[str, Any]) -> list[str]:
     """The summary's lines of this flow."""
     llm = report.get("llm")
@@ -250,6 +284,7 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     done = " and ".join(f"{n} in {b}-bit" for b, n in sorted(by_bits.items(), key=lambda kv: kv[0] != fmt["bits"]))
     out = [f"language model: {sum(by_bits.values())} of {len(layers)} linear layers in {kind} blocks of "
            f"{fmt['block_size']} (MatMulNBits): {done}; rounding chosen per layer: {rounded}"]  # fmt: skip
+    out.extend(_scale_lines(llm.get("scales", [])))
     floats = [r["node"] for r in layers if "float" in r]
     if floats:
         out.append(f"kept float: {', '.join(floats[:4])}{', ...' if len(floats) > 4 else ''} (shorter than a block)")
