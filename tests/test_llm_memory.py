@@ -24,7 +24,7 @@ from requant.llm.decoder import open_decoder
 from requant.llm.moments import LayerMoments
 from requant.llm.nbits import linear_weights, to_matmul_nbits
 from requant.llm.text import load_tokenizer, token_windows
-from requant.stages.blocks import METHODS
+from requant.stages.blocks import METHODS, scale_search
 from tests.models.tiny_decoder import docs_text, make_random_decoder
 
 HIDDEN, MLP = 256, 768
@@ -64,16 +64,17 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 
 
 def _rounding_peak(folder: Path, kept: Path) -> int:
-    """The most NumPy and Python held at once (traced) while the decoder's layers are rounded a layer to a
-    section, their blocks kept in ``kept``."""
+    """The most NumPy and Python held at once (traced) while the decoder's layers are scaled and rounded a layer
+    to a section, their scaled weights and blocks kept in ``kept``."""
     decoder = open_decoder(folder)
     windows = token_windows(docs_text()[0], load_tokenizer(decoder.tokenizer), 4, "calibration")
     graph = decoder.model.graph
     layers = {name: str(node.inputs[0].name) for name, (node, _) in linear_weights(graph).items()}  # type: ignore[union-attr]
     tracemalloc.start()
     try:
-        moments = LayerMoments(decoder, layers, windows, most=1)
-        to_matmul_nbits(decoder.model, BlockFormat(4, 128, True), moments, METHODS, folder=kept)
+        fmt = BlockFormat(4, 128, True)
+        moments = LayerMoments(decoder, layers, windows, most=1, prepare=scale_search(decoder, fmt, kept))
+        to_matmul_nbits(decoder.model, fmt, moments, METHODS, folder=kept)
         moments.finish()
         return tracemalloc.get_traced_memory()[1]
     finally:
@@ -84,8 +85,8 @@ def test_the_rounding_holds_one_sections_memory_whatever_the_number_of_layers(
     decoders: dict[int, Path], tmp_path: Path
 ) -> None:
     """Six layers take no more memory than two, to less than one layer's packed blocks: the moments are one
-    section's, the values carried the same, the rounded layers on disk (held, four more layers' blocks would
-    show)."""
+    section's, the values carried the same, the scaled weights and rounded layers on disk (held, four more
+    layers' would show)."""
     peaks = {}
     for layers, folder in decoders.items():
         (tmp_path / str(layers)).mkdir()

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from requant.options import Options
     from requant.pipeline import QuantizedModel
 
-__all__ = ["FAR", "METHODS", "Staged", "alarm_lines", "lines", "quantize_blocks", "tied_format"]
+__all__ = ["FAR", "METHODS", "Staged", "alarm_lines", "lines", "quantize_blocks", "scale_search", "tied_format"]
 
 # natural-order GPTQ never won a layer where both were tried (MiniLM 36 of 36, SmolLM2 150 of 150 to
 # activation order): not tried by default (it took a third of the rounding time). The clipping search's
@@ -113,7 +113,7 @@ def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path |
     return moments
 
 
-def _scale_search(decoder: Decoder, fmt: BlockFormat, folder: Path) -> ScaleSearch:
+def scale_search(decoder: Decoder, fmt: BlockFormat, folder: Path) -> ScaleSearch:
     """The activation-aware scale search (:mod:`requant.llm.awq`) of the layers rounded in ``fmt`` (not those tied
     to an embedding, nor those shorter than a block), the scaled weights kept in ``folder``."""
     graph = decoder.model.graph
@@ -184,7 +184,7 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     max_bytes = None if options.max_size is None else int(options.max_size * 1e6)
     with tempfile.TemporaryDirectory(prefix="requant-blocks-") as folder:  # the moments a budget reads again, and
         kept = Path(folder)  # the rounded layers' blocks (memory-mapped until the model is written)
-        scales = _scale_search(decoder, fmt, kept)
+        scales = scale_search(decoder, fmt, kept)
         moments = _moments(decoder, calibration, check_windows, kept if max_bytes else None, options.progress, scales)
         with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
             records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None, tied_format(fmt), max_bytes,
