@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 
 from requant.llm.awq import ALPHAS, ScaleSearch, groups, search
 from requant.llm.blocks import BlockFormat, dequantize, round_to_nearest
@@ -21,7 +22,8 @@ def _inputs(count: int, k: int, seed: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def test_the_search_scores_each_alpha_by_the_output_error_computed_on_the_inputs() -> None:
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_search_scores_each_alpha_by_the_output_error_computed_on_the_inputs(symmetric: bool) -> None:
     """For each alpha: s from the inputs' root mean squares, the weight's rows scaled by s rounded to nearest and
     scaled back, and the error of x @ that against x @ W summed over the inputs. The search tries alpha upwards
     until two do worse than the best: it finds the least of the whole grid, and on inputs with a few large
@@ -30,12 +32,13 @@ def test_the_search_scores_each_alpha_by_the_output_error_computed_on_the_inputs
     w = np.random.default_rng(1).normal(size=(k, n)).astype(np.float32)
     x = _inputs(512, k, seed=2).astype(np.float64)
     h = x.T @ x
-    alpha, s, errors = search([w], h, FMT)
+    fmt = BlockFormat(4, 32, symmetric)
+    alpha, s, errors = search([w], h, fmt)
     expected = {}
     rms = np.sqrt((x**2).sum(axis=0))
     for a in ALPHAS:
         scales = rms**a / np.sqrt((rms**a).max() * (rms**a).min())
-        stored = dequantize(round_to_nearest((w * scales[:, None]).astype(np.float32), FMT)) / scales[:, None]
+        stored = dequantize(round_to_nearest((w * scales[:, None]).astype(np.float32), fmt)) / scales[:, None]
         expected[a] = float(((x @ (stored - w)) ** 2).sum())
     tried = list(errors)
     assert tried == list(ALPHAS[: len(tried)]) and len(tried) < len(ALPHAS) and tried[-1] - alpha >= 0.15
