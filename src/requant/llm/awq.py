@@ -36,6 +36,7 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.llm.blocks import BlockFormat, padded_rows
+from requant.llm.memory import on_disk
 
 __all__ = ["ALPHAS", "FOLDS", "Group", "ScaleSearch", "groups"]
 
@@ -70,9 +71,10 @@ def _initializer_of_one(value: ir.Value | None) -> bool:
     return value is not None and value.is_initializer() and value.const_value is not None and len(value.uses()) == 1
 
 
-def _fold(value: ir.Value, linear: Mapping[str, tuple[ir.Node, ir.Value]]) -> tuple[str, list[ir.Value],
-                                                                                   ir.Value | None] | None:  # fmt: skip
-    """Where ``1 / s`` of a group reading ``value`` folds (see :data:`FOLDS`), or None."""
+def _fold(value: ir.Value, by_output: Mapping[int, tuple[str, ir.Value]]) -> tuple[str, list[ir.Value],
+                                                                                  ir.Value | None] | None:  # fmt: skip
+    """Where ``1 / s`` of a group reading ``value`` folds (see :data:`FOLDS`; ``by_output``: each linear layer's
+    name and weight by the ``id`` of its output), or None."""
     maker = value.producer()
     if maker is None or value.index() != 0:
         return None
@@ -83,7 +85,6 @@ def _fold(value: ir.Value, linear: Mapping[str, tuple[ir.Node, ir.Value]]) -> tu
             return str(maker.name), [p for p in params if p is not None], None
         return None
     if maker.op_type == "Mul" and maker.domain in ("", "ai.onnx"):
-        by_output = {id(node.outputs[0]): (name, w) for name, (node, w) in linear.items()}
         for side in maker.inputs:
             found = by_output.get(id(side)) if side is not None else None
             if found is not None and len(side.uses()) == 1 and _initializer_of_one(found[1]):  # type: ignore[union-attr]
@@ -101,12 +102,13 @@ def groups(linear: Mapping[str, tuple[ir.Node, ir.Value]], rounded: set[str]) ->
         if x is not None:
             readers.setdefault(id(x), []).append(name)
             values[id(x)] = x
+    by_output = {id(node.outputs[0]): (name, w) for name, (node, w) in linear.items()}
     found = []
     for key, names in readers.items():
         x = values[key]
         if len(x.uses()) != len(names) or not set(names) <= rounded:
             continue
-        fold = _fold(x, linear)
+        fold = _fold(x, by_output)
         if fold is not None:
             found.append(Group(names, *fold))
     return found
@@ -216,8 +218,6 @@ class ScaleSearch:
         is one: the scaled weights of every layer would otherwise be held until the model is written."""
         data = np.ascontiguousarray(data, np.float32)
         if self._folder is not None:
-            path = self._folder / f"scaled-{self._written}.npy"
+            data = on_disk(data, self._folder / f"scaled-{self._written}.npy")
             self._written += 1
-            np.save(path, data)
-            data = np.load(path, mmap_mode="r")
         value.const_value = ir.tensor(data, name=str(value.name))

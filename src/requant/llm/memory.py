@@ -18,8 +18,13 @@ import ctypes
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-__all__ = ["PASS_THRESHOLD", "REST_THRESHOLD", "large_blocks_mapped"]
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["PASS_THRESHOLD", "REST_THRESHOLD", "large_blocks_mapped", "on_disk"]
 
 PASS_THRESHOLD = 4 << 20
 REST_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
@@ -47,3 +52,11 @@ def large_blocks_mapped() -> Iterator[bool]:
     finally:
         if taken:
             _mallopt(REST_THRESHOLD)
+
+
+def on_disk(data: npt.NDArray[Any], path: Path) -> npt.NDArray[Any]:
+    """``data`` written to ``path`` (``.npy``) and read back memory-mapped, read-only: its pages the file's, which
+    the system drops when it needs to, not the process's memory."""
+    np.save(path, data)
+    mapped: npt.NDArray[Any] = np.load(path, mmap_mode="r")
+    return mapped

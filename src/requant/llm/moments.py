@@ -120,7 +120,7 @@ class LayerMoments(Mapping[str, Array]):
     def _pass(self) -> tuple[Section, dict[str, Array]]:
         """The next section's pass over the windows: it, and the sums by value read."""
         totals: dict[str, Array] = {}
-        self._products: dict[int, Array] = {}
+        products: dict[int, Array] = {}  # a float32 product per size, reused (fresh ones: 6 s of page faults)
         pending: list[tuple[int, dict[str, Array]]] = []  # BATCH windows' values, then their products (ONNX
         last = self._counted + len(self._held) - 1  # Runtime's threads and BLAS's taking turns at every window:
         while True:  # SmolLM2's runs took 24 s instead of 20)
@@ -129,13 +129,12 @@ class LayerMoments(Mapping[str, Array]):
             if len(pending) == BATCH or w == last:
                 with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # the session idles meanwhile
                     for window, values in pending:
-                        self._count(totals, values, window)
+                        self._count(totals, values, window, products)
                 pending = []
             if w == last:
-                del self._products
                 return section, totals
 
-    def _count(self, totals: dict[str, Array], got: dict[str, Array], w: int) -> None:
+    def _count(self, totals: dict[str, Array], got: dict[str, Array], w: int, products: dict[int, Array]) -> None:
         if w >= self._counted:  # a held-out window: its logits only
             if "logits" in got:
                 self.held_nll += window_nll(got["logits"], self._held[w - self._counted])
@@ -143,9 +142,9 @@ class LayerMoments(Mapping[str, Array]):
         for name, x in got.items():
             rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
             k = rows.shape[1]
-            if k not in self._products:  # one float32 product per size, reused (a fresh one each window was mapped
-                self._products[k] = np.empty((k, k), np.float32)  # page by page: 6 s of SmolLM2's 30)
-            product = np.matmul(rows.T, rows, out=self._products[k])  # summed into float64 (converted on the way)
+            if k not in products:
+                products[k] = np.empty((k, k), np.float32)
+            product = np.matmul(rows.T, rows, out=products[k])  # summed into float64 (converted on the way)
             if name in totals:
                 np.add(totals[name], product, out=totals[name])
             else:

@@ -24,6 +24,7 @@ import onnx_ir as ir
 from requant.errors import RequantError
 from requant.llm.blocks import BlockFormat, pack, round_to_nearest
 from requant.llm.budget import Candidate, promoted, stored_bytes
+from requant.llm.memory import on_disk
 from requant.llm.rounding import METHODS, round_layer
 
 __all__ = [
@@ -121,12 +122,8 @@ class Packed:
         a folder."""
         if folder is None:
             return self
-        arrays = {}
-        for field in ("b", "scales", "zero_points"):
-            if getattr(self, field) is not None:
-                path = folder / f"{name}.{field}.npy"
-                np.save(path, getattr(self, field))
-                arrays[field] = np.load(path, mmap_mode="r")
+        fields = [f for f in ("b", "scales", "zero_points") if getattr(self, f) is not None]
+        arrays: dict[str, Any] = {f: on_disk(getattr(self, f), folder / f"{name}.{f}.npy") for f in fields}
         return dataclasses.replace(self, **arrays)
 
 
