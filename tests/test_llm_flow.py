@@ -16,14 +16,15 @@ import onnx_ir as ir
 import pytest
 
 from requant.errors import ArgumentError, RequantError
-from requant.llm.blocks import BlockFormat, dequantize, round_to_nearest
+from requant.llm.blocks import BlockFormat, dequantize, dequantized_rows, round_to_nearest, unpack
+from requant.llm.budget import stored_bytes
 from requant.llm.decoder import DecoderError, open_decoder
-from requant.llm.nbits import to_matmul_nbits
+from requant.llm.nbits import BudgetError, to_matmul_nbits
 from requant.llm.text import TextError
 from requant.options import Options
 from requant.pipeline import quantize
 from requant.quantizers import PRESETS, Quantizer
-from tests.models.tiny_decoder import docs_text, make_genai_folder, make_hf_folder
+from tests.models.tiny_decoder import docs_text, make_genai_folder, make_hf_folder, untied_copy
 
 pytest.importorskip("onnxruntime_genai")
 pytest.importorskip("transformers")
@@ -74,6 +75,23 @@ def greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
     return out
 
 
+def assert_genai_generates(out: Path) -> None:
+    """onnxruntime-genai loads the folder ``out`` and generates what the model requant wrote does, greedily."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    prompt = [int(t) for t in tokenizer.encode("The quantized model")]
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 12, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    generated = [int(t) for t in generator.get_sequence(0)]
+    assert generated == greedy(out / "model.onnx", prompt, 12)  # genai runs the model requant wrote
+
+
 def test_a_hugging_face_folder_becomes_a_genai_folder_that_generates(tiny: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "q4"
     done = run_cli(str(tiny["hf"]), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--block-size", "64",
@@ -95,19 +113,7 @@ def test_a_hugging_face_folder_becomes_a_genai_folder_that_generates(tiny: dict[
         assert sqnr[layer["rounding"]["chosen"]] == max(sqnr.values())
     checked = report["outputs"]
     assert checked["held_out"] and checked["poor"] == [] and 0.9 < checked["ratio"] < 1.1
-    import onnxruntime_genai as og
-
-    model = og.Model(str(out))
-    tokenizer = og.Tokenizer(model)
-    prompt = [int(t) for t in tokenizer.encode("The quantized model")]
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 12, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    generated = [int(t) for t in generator.get_sequence(0)]
-    assert generated == greedy(out / "model.onnx", prompt, 12)  # genai runs the model requant wrote
+    assert_genai_generates(out)
 
 
 def test_eight_bits_asymmetric_to_an_onnx_file_with_evaluation(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -133,6 +139,37 @@ def test_eight_bits_asymmetric_to_an_onnx_file_with_evaluation(tiny: dict[str, P
             b["rounding"]["output_sqnr_db"][b["rounding"]["chosen"]],
         )
         assert chosen[1] > chosen[0] + 15, (a["node"], chosen)
+
+
+def test_an_embedding_in_blocks_of_the_bits_asked(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Untied (a copy of the tiny model with its LM head untied): kept float and said so, or with
+    --embedding-bits 8 a GatherBlockQuantized of 8-bit blocks of its own that onnxruntime-genai generates with;
+    tied: the LM head in the bits asked, the embedding reading its blocks."""
+    genai = make_genai_folder(untied_copy(tiny["hf"], tmp_path / "hf"), tmp_path / "genai")
+    kept = quantize(genai, str(tiny["calib"]), blocks(block_size=64, measure=False))
+    assert "embedding model.embed_tokens.weight (512 x 128, 0.3 MB float) kept float, untied from the LM head: " \
+           "--embedding-bits 8" in kept.report["summary"]  # fmt: skip
+    out = tmp_path / "q"
+    done = run_cli(str(genai), "-o", str(out), "--calib", str(tiny["calib"]), *PRESET, "--block-size", "64",
+                   "--embedding-bits", "8", "--no-measure", "--report-json", str(tmp_path / "r.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "embedding model.embed_tokens.weight (512 x 128, 0.3 MB float): 8-bit blocks of its own, read by a " \
+           "GatherBlockQuantized" in done.stdout  # fmt: skip
+    counts = ops(out / "model.onnx")
+    assert counts["GatherBlockQuantized"] == 1 and counts["MatMulNBits"] == 11
+    stored = {t.name for t in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.initializer}
+    assert "model.embed_tokens.weight" not in stored and "model.embed_tokens.weight_Q" in stored
+    report = json.loads((tmp_path / "r.json").read_text())
+    (embedding,) = report["llm"]["embeddings"]
+    assert embedding["bits"] == 8 and embedding["sqnr_db"] > 40  # 8 bits: ~6 dB a bit, less the blocks' outliers
+    assert [r["bits"] for r in report["llm"]["layers"]] == [4] * 11  # the untied LM head in the layers' bits
+    saved = kept.report["llm"]["size"]["quantized_bytes"] - report["llm"]["size"]["quantized_bytes"]
+    blocks_bytes = stored_bytes(BlockFormat(8, 64, True), 128, 512)  # what MatMulNBits would store: the same layout
+    assert report["outputs"]["poor"] == [] and saved == pytest.approx(embedding["bytes"] - blocks_bytes, abs=1000)
+    assert_genai_generates(out)
+    tied = quantize(tiny["genai"], str(tiny["calib"]), blocks(block_size=64, embedding_bits=4, measure=False))
+    layers = tied.report["llm"]["layers"]
+    assert [r["bits"] for r in layers] == [4] * 11 and "tied" in layers[-1] and tied.report["llm"]["embeddings"] == []
 
 
 def test_the_same_model_text_and_options_give_the_same_bytes(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -245,6 +282,65 @@ def test_a_tied_embedding_reads_the_lm_heads_blocks(k: int, bits: int, symmetric
     # largest row value on each input, times the weights' magnitudes
     bound = 1e-5 if bits == 4 else np.abs(rows).max() / 254 * np.abs(table).sum(axis=1).max() * 1.01
     np.testing.assert_allclose(logits, rows @ table.T, rtol=1e-5, atol=bound)
+
+
+@pytest.mark.parametrize(("k", "bits", "symmetric"), [(64, 4, True), (80, 4, False), (64, 8, False), (80, 8, True)])
+def test_an_untied_embedding_becomes_blocks_of_its_own_when_asked(k: int, bits: int, symmetric: bool) -> None:
+    """An embedding with a table of its own (a Gather of input_ids) becomes a GatherBlockQuantized of its table's
+    blocks: in ONNX Runtime each token's row is the dequantized table's, bit for bit; each block's range clipped
+    to the ratio of least error on its row (never more than nearest's); a table gathered by other indices, and
+    every table without ``embedding_format``, stay float."""
+    text = f"""
+    <ir_version: 10, opset_import: ["" : 21]>
+    g (int64[1, 3] input_ids, int64[1, 3] position_ids, float[40, {k}] table, float[8, {k}] positions,
+       float[{k}, 16] w) => (float[1, 3, 16] logits) {{
+        tokens = Gather <axis = 0> (table, input_ids)
+        where = Gather <axis = 0> (positions, position_ids)
+        x = Add (tokens, where)
+        logits = MatMul (x, w)
+    }}
+    """
+    rng = np.random.default_rng(0)
+    data = {"table": rng.normal(size=(40, k)), "positions": rng.normal(size=(8, k)), "w": rng.normal(size=(k, 16))}
+    data["table"][3, :5] = 20.0  # an outlier: clipping the range pays on other blocks, not on this one's row
+
+    def model() -> ir.Model:
+        built = ir.from_proto(onnx.parser.parse_model(text))
+        for value in built.graph.inputs[2:]:
+            value.const_value = ir.tensor(data[str(value.name)].astype(np.float32), name=str(value.name))
+            built.graph.register_initializer(value)
+        del built.graph.inputs[2:]
+        return built
+
+    fmt = BlockFormat(bits, 32, symmetric)
+    kept = model()
+    _, record = to_matmul_nbits(kept, fmt)  # not asked: the tables stay float, the token table's said to
+    assert record["table"] == "table" and record["float"].startswith("not asked")
+    assert {"table", "positions"} <= set(kept.graph.initializers)
+    smallest = 8 * k * 4 + stored_bytes(fmt, k, 40) + stored_bytes(fmt, k, 16)  # a size budget counts the table
+    with pytest.raises(BudgetError, match="more than --max-size"):  # in blocks only when asked
+        to_matmul_nbits(model(), fmt, max_bytes=smallest)
+    quantized = model()
+    _, embedding = to_matmul_nbits(quantized, fmt, max_bytes=smallest, embedding_format=fmt)
+    assert embedding["table"] == "table" and embedding["gathers"] == ["tokens"] and embedding["bits"] == bits
+    assert ("Slice" in embedding["how"]) == (k % 32 != 0) and "table" not in quantized.graph.initializers
+    assert "positions" in quantized.graph.initializers  # gathered by position_ids: not an embedding of tokens
+    import onnxruntime as ort
+
+    proto = ir.to_proto(quantized)
+    proto.graph.output.append(onnx.helper.make_empty_tensor_value_info("tokens"))
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, 3, 39]])
+    _, rows = session.run(None, {"input_ids": ids, "position_ids": np.array([[0, 1, 2]])})
+    q = {str(v.name): np.asarray(v.const_value.numpy()) for v in quantized.graph.initializers.values()}
+    zero_points = q.get("table_zero_points")
+    stored = unpack(q["table_Q"].reshape(40, fmt.blocks(k), -1), q["table_scales"], zero_points, k, fmt)
+    table = dequantized_rows(stored)
+    np.testing.assert_array_equal(rows, table[ids])
+    error = np.square(table - data["table"]).sum()
+    nearest = np.square(dequantize(round_to_nearest(data["table"].T, fmt)).T - data["table"]).sum()
+    assert error < nearest if bits == 4 else error <= nearest * (1 + 1e-6)  # (float32 ranking at 8 bits)
+    assert embedding["sqnr_db"] == pytest.approx(10 * np.log10(np.square(data["table"]).sum() / error), rel=1e-4)
 
 
 def test_a_decoder_no_faster_than_float_and_a_far_perplexity_are_said_first() -> None:

@@ -39,8 +39,17 @@ def test_every_option_with_a_key_is_read_from_the_config_file(tmp_path: Path) ->
               "smoothing": "0.5", "equalization": "false", "rounding": '"double_round"', "accumulator_bits": "16",
               "fixed_inputs": "{ sr = 16000 }"}  # fmt: skip
     keys = {o.key for o in OPTIONS if o.key is not None}
-    # the budget's two: not with keep_float_below; the language models' five: with their preset (below)
-    assert keys - {"max_drop", "metric", "bits", "block_size", "symmetric", "max_size", "tokenizer"} == set(values)
+    # the budget's two: not with keep_float_below; the language models' six: with their preset (below)
+    assert keys - {
+        "max_drop",
+        "metric",
+        "bits",
+        "block_size",
+        "symmetric",
+        "max_size",
+        "tokenizer",
+        "embedding_bits",
+    } == set(values)
     config = tmp_path / "run.toml"
     config.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
     read = read_config(config).options

@@ -208,6 +208,11 @@ OPTIONS: tuple[Option, ...] = (
            "language models: the most the written model may weigh, in MB (10^6 bytes): the 4-bit layers whose "
            "blocks leave the most output error per byte get 8 bits until it is reached (default: none)",
            flag="--max-size", key="max_size", metavar="MB", parse=float, backends=BLOCKS),
+    Option("embedding_bits", None, _optional(lambda v: v in (4, 8) and not isinstance(v, bool)), "4 or 8, or None",
+           "language models: the embedding's table in blocks of BITS (a GatherBlockQuantized). An embedding tied to "
+           "the LM head shares its blocks: the LM head gets BITS too (default 8 when the layers have 4); an untied "
+           "one stays float unless this is given", flag="--embedding-bits", key="embedding_bits", metavar="BITS",
+           parse=int, backends=BLOCKS),
     Option("tokenizer", None, _optional(_path), "a path (str or os.PathLike), or None",
            "language models: the folder with the tokenizer.json of the --calib and --eval text (default: the "
            "model's folder)", flag="--tokenizer", key="tokenizer", metavar="DIR", path=True, backends=BLOCKS),
@@ -243,6 +248,7 @@ class Options:
     block_size: int | None = None
     symmetric: bool = True
     max_size: float | None = None
+    embedding_bits: int | None = None
     tokenizer: str | os.PathLike[str] | None = None
 
     @classmethod
@@ -319,6 +325,14 @@ class Options:
         if bits not in (4, 8):
             raise ArgumentError(f"weight blocks of {spec.dtype} ({bits} bits): MatMulNBits takes 4 or 8 bits")
         return BlockFormat(bits, self.block_size or spec.block_size, self.symmetric and spec.symmetric)
+
+    @property
+    def embedding_format(self) -> Any:
+        """The embedding's blocks (``embedding_bits``, the layers' block size and symmetry), or None."""
+        from requant.llm.blocks import BlockFormat
+
+        fmt = self.block_format
+        return None if self.embedding_bits is None else BlockFormat(self.embedding_bits, fmt.block_size, fmt.symmetric)
 
     def _resolved(self) -> Options:
         """The quantizer for the target's table (the model's default preset when none is given), and

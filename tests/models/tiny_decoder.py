@@ -68,6 +68,24 @@ def make_hf_folder(folder: Path) -> Path:
     return folder
 
 
+def untied_copy(hf_folder: Path, out: Path) -> Path:
+    """The Hugging Face model of ``hf_folder`` with its LM head untied from its embedding (a copy of the same
+    weights: ``tie_word_embeddings=False``), and its tokenizer, saved in ``out``."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_folder)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(out)
+    for item in hf_folder.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(item, out / item.name)
+    return out
+
+
 def make_random_decoder(root: Path, layers: int, hidden: int, mlp: int, heads: int = 16) -> Path:
     """A Llama of random weights (``torch.manual_seed(0)``; the tokenizer of the tiny decoder, a tied embedding)
     exported to an onnxruntime-genai folder in ``root / "genai"``: for memory and time, not perplexity."""

@@ -32,8 +32,9 @@ def _diagonal_blocks(h: Array, fmt: BlockFormat) -> Array:
     return np.stack([full[i : i + size, i : i + size] for i in range(0, full.shape[0], size)])
 
 
-def _errors(blocks: Array, scales: Array, zero_points: Array, hb: Array, top: int) -> Array:
-    """Each block's ``e^T H_bb e`` (``[N, blocks]``) at these scales (float32 arithmetic: it only ranks)."""
+def _errors(blocks: Array, scales: Array, zero_points: Array, hb: Array | None, top: int) -> Array:
+    """Each block's ``e^T H_bb e`` (``[N, blocks]``) at these scales (float32 arithmetic: it only ranks); ``hb``
+    None: ``H = I``, ``e^T e``."""
     s, z = scales[..., None], zero_points.astype(np.float32)[..., None]
     e = np.divide(blocks, s)  # (clip(rint(w / s) + z, 0, top) - z) * s - w, in place: [N, blocks, size]
     np.rint(e, out=e)
@@ -42,19 +43,23 @@ def _errors(blocks: Array, scales: Array, zero_points: Array, hb: Array, top: in
     e -= z
     e *= s
     e -= blocks
+    if hb is None:
+        squares: Array = np.einsum("nbi,nbi->nb", e, e)
+        return squares
     weighted = np.matmul(e.transpose(1, 0, 2), hb).transpose(1, 0, 2)  # each block's e @ H_bb: batched, BLAS
     found: Array = np.einsum("nbi,nbi->nb", weighted, e)
     return found
 
 
-def clipped_scales(w: Array, h: Array, fmt: BlockFormat, ratios: tuple[float, ...] = RATIOS,
+def clipped_scales(w: Array, h: Array | None, fmt: BlockFormat, ratios: tuple[float, ...] = RATIOS,
                    rows: Array | None = None) -> tuple[Array, Array]:  # fmt: skip
     """Scales and zero points (``[N, blocks]``) for ``w`` (``[K, N]``): each block's range shrunk by the ratio
-    of ``ratios`` that leaves the least error on the layer's output (inputs of second moments ``h``). A range
+    of ``ratios`` that leaves the least error on the layer's output (inputs of second moments ``h``; None: the
+    identity, the error on the weights themselves, as an embedding's rows are its output). A range
     shrunk by ``r`` has ``r`` times the scale and the same zero point (both ends shrink toward 0). ``rows``: ``w``
     as :func:`~requant.llm.blocks.padded_rows` cuts it, when the caller has it."""
     blocks = (padded_rows(w, fmt) if rows is None else rows).astype(np.float32)
-    hb = _diagonal_blocks(np.asarray(h, np.float64), fmt).astype(np.float32)
+    hb = None if h is None else _diagonal_blocks(np.asarray(h, np.float64), fmt).astype(np.float32)
     full, zero_points = block_scales(blocks, fmt)
     best_ratio = np.ones(full.shape, np.float32)
     best = _errors(blocks, full, zero_points, hb, fmt.top)

@@ -22,8 +22,9 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.errors import RequantError
-from requant.llm.blocks import BlockFormat, pack, round_to_nearest
+from requant.llm.blocks import BlockFormat, dequantized_rows, pack, quantize_with, round_to_nearest
 from requant.llm.budget import Candidate, promoted, stored_bytes
+from requant.llm.clip import clipped_scales
 from requant.llm.memory import on_disk
 from requant.llm.rounding import METHODS, round_layer
 
@@ -34,6 +35,7 @@ __all__ = [
     "linear_weights",
     "tied_gathers",
     "to_matmul_nbits",
+    "untied_embeddings",
     "weight_dims",
 ]
 
@@ -146,23 +148,25 @@ def _replace(graph: ir.Graph, node: ir.Node, weight: ir.Value, fmt: BlockFormat,
     return [v for v in inputs[1:] if v is not None]
 
 
-def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.Value], packed: Packed) -> str:
-    """The tied embedding ``gather`` (of ``transpose`` of the LM head's weight) as ``GatherBlockQuantized`` of
-    the LM head's blocks: its ``B`` reshaped to one row per token, the scales and zero points shared; when ``K``
-    is not a multiple of the block, the rows carry the last block's padding, which a ``Slice`` drops. How it is
-    stored, in words."""
-    fmt, n, k = packed.format, packed.n, packed.k
-    padded = fmt.blocks(k) * fmt.block_size
-    shape = _initializer(graph, f"{gather.name}_shape", np.array([n, padded * fmt.bits // 8], np.int64))
-    reshape = ir.node("Reshape", [stored[0], shape], name=f"{gather.name}_Reshape")
+def _label(node: ir.Node) -> str:
+    """A node's name, or its first output's when it has none (the names of what replaces it start with it)."""
+    return str(node.name or node.outputs[0].name)
+
+
+def _block_gather(graph: ir.Graph, gather: ir.Node, inputs: list[ir.Value], fmt: BlockFormat, k: int,
+                  before: list[ir.Node]) -> bool:  # fmt: skip
+    """``gather`` replaced by ``GatherBlockQuantized`` of ``inputs`` (a table of one row of blocks per token, its
+    scales and zero points), after ``before``; when ``K`` is not a multiple of the block, the rows carry the last
+    block's padding, which a ``Slice`` drops (True then)."""
+    padded, label = fmt.blocks(k) * fmt.block_size, _label(gather)
     attributes = {"gather_axis": 0, "quantize_axis": 1, "block_size": fmt.block_size, "bits": fmt.bits}
-    new = ir.node("GatherBlockQuantized", [reshape.outputs[0], gather.inputs[1], *stored[1:]], attributes=attributes,
-                  domain=MS_DOMAIN, name=gather.name)  # fmt: skip
-    nodes = [reshape, new]
+    new = ir.node("GatherBlockQuantized", [*inputs[:1], gather.inputs[1], *inputs[1:]], attributes=attributes,
+                  domain=MS_DOMAIN, name=label)  # fmt: skip
+    nodes = [*before, new]
     if padded != k:
-        ends = [_initializer(graph, f"{gather.name}_{what}", np.array([v], np.int64))
+        ends = [_initializer(graph, f"{label}_{what}", np.array([v], np.int64))
                 for what, v in (("starts", 0), ("ends", k), ("axes", -1))]  # fmt: skip
-        nodes.append(ir.node("Slice", [new.outputs[0], *ends], name=f"{gather.name}_Slice"))
+        nodes.append(ir.node("Slice", [new.outputs[0], *ends], name=f"{label}_Slice"))
     for node in nodes:
         graph.insert_before(gather, node)
     last = nodes[-1].outputs[0]
@@ -170,11 +174,87 @@ def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.V
     gather.outputs[0].name = None
     gather.outputs[0].replace_all_uses_with(last, replace_graph_outputs=True)
     graph.remove(gather, safe=True)
+    return padded != k
+
+
+def _tie(graph: ir.Graph, transpose: ir.Node, gather: ir.Node, stored: list[ir.Value], packed: Packed) -> str:
+    """The tied embedding ``gather`` (of ``transpose`` of the LM head's weight) as ``GatherBlockQuantized`` of
+    the LM head's blocks: its ``B`` reshaped to one row per token, the scales and zero points shared
+    (:func:`_block_gather`). How it is stored, in words."""
+    fmt, n, k = packed.format, packed.n, packed.k
+    padded = fmt.blocks(k) * fmt.block_size
+    shape = _initializer(graph, f"{_label(gather)}_shape", np.array([n, padded * fmt.bits // 8], np.int64))
+    reshape = ir.node("Reshape", [stored[0], shape], name=f"{_label(gather)}_Reshape")
+    sliced = _block_gather(graph, gather, [reshape.outputs[0], *stored[1:]], fmt, k, [reshape])
     if not transpose.outputs[0].uses():
         graph.remove(transpose, safe=True)
-    if padded == k:
+    if not sliced:
         return "reads the LM head's blocks"
     return f"reads the LM head's blocks, a Slice dropping the last block's padding (K = {k})"
+
+
+def untied_embeddings(graph: ir.Graph, ids: str = "input_ids") -> dict[str, tuple[ir.Value, list[ir.Node]]]:
+    """The embeddings with a table of their own, by table name: the ``Gather`` nodes (axis 0) of the graph's
+    input ``ids`` from a 2-d float32 initializer that no other node reads (a position table, a rotary cache, is
+    gathered by other indices)."""
+    found = {}
+    for value in graph.initializers.values():
+        table, uses = value.const_value, value.uses()
+        if table is None or table.dtype != ir.DataType.FLOAT or len(table.shape) != 2 or not uses:
+            continue
+        if all(u.node.op_type == "Gather" and u.node.domain in ("", "ai.onnx") and u.idx == 0
+               and u.node.attributes.get_int("axis", 0) == 0 and u.node.inputs[1] is not None
+               and u.node.inputs[1].is_graph_input() and u.node.inputs[1].name == ids for u in uses):  # fmt: skip
+            found[str(value.name)] = (value, [u.node for u in uses])
+    return found
+
+
+# table rows rounded at a time (a vocabulary of 128k tokens: 32 chunks, each a few MB of float64 blocks)
+TABLE_ROWS = 4096
+
+
+def _table_blocks(table: Array, fmt: BlockFormat) -> tuple[Packed, float]:
+    """An embedding's table ``[V, H]`` in blocks along ``H`` (one row of blocks per token), :data:`TABLE_ROWS` rows
+    at a time, each block's range clipped to the ratio that leaves its row the least error (a gather's output is
+    the row itself: :func:`~requant.llm.clip.clipped_scales` with ``H = I``); and the table's SQNR in dB."""
+    parts, signal, noise = [], 0.0, 0.0
+    for start in range(0, table.shape[0], TABLE_ROWS):
+        rows = np.asarray(table[start : start + TABLE_ROWS], np.float32)
+        blocked = quantize_with(rows.T, *clipped_scales(rows.T, None, fmt), fmt)
+        signal += float(np.sum(np.square(rows, dtype=np.float64)))
+        noise += float(np.sum(np.square(dequantized_rows(blocked) - rows, dtype=np.float64)))
+        parts.append(pack(blocked))
+    b, scales = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    zero_points = None if fmt.symmetric else np.concatenate([p[2] for p in parts])
+    packed = Packed(b, scales, zero_points, int(table.shape[0]), int(table.shape[1]), fmt)
+    return packed, 10 * np.log10(signal / noise) if noise > 0 else float("inf")
+
+
+def _untie(graph: ir.Graph, table: ir.Value, gathers: list[ir.Node], fmt: BlockFormat | None) -> dict[str, Any]:
+    """An embedding's table of its own as ``GatherBlockQuantized`` blocks in ``fmt`` read by each of its
+    ``gathers`` (:func:`_table_blocks`); its record (or why it stayed float: no ``fmt``, or too short)."""
+    n, k = (int(d) for d in table.const_value.shape.numpy())  # type: ignore[union-attr]
+    record: dict[str, Any] = {"table": str(table.name), "k": k, "n": n, "gathers": [_label(g) for g in gathers],
+                              "bytes": table.const_value.nbytes}  # type: ignore[union-attr]  # fmt: skip
+    if fmt is None:
+        record["float"] = "not asked (embedding_format; --embedding-bits)"
+        return record
+    record["bits"] = fmt.bits
+    if k < fmt.block_size:
+        record["float"] = f"K = {k} is less than one block of {fmt.block_size}"
+        return record
+    packed, record["sqnr_db"] = _table_blocks(np.asarray(table.const_value.numpy()), fmt)  # type: ignore[union-attr]
+    base = str(table.name)
+    inputs = [_initializer(graph, f"{base}_Q", packed.b.reshape(n, -1)),
+              _initializer(graph, f"{base}_scales", packed.scales.reshape(n, -1))]  # fmt: skip
+    if packed.zero_points is not None:
+        inputs.append(_initializer(graph, f"{base}_zero_points", packed.zero_points.reshape(n, -1)))
+    sliced = [_block_gather(graph, g, inputs, fmt, k, []) for g in gathers]
+    graph.initializers.pop(base)
+    record["how"] = "each block's range clipped for the least error on its rows" + (
+        f", a Slice dropping the last block's padding (K = {k})" if any(sliced) else ""
+    )
+    return record
 
 
 def weight_dims(weight: ir.Value) -> tuple[int, int]:
@@ -194,14 +274,25 @@ def _round(w: Array, h: Array | None, fmt: BlockFormat, methods: tuple[str, ...]
     return round_layer(w, h, fmt, methods)
 
 
-def _planned_bytes(graph: ir.Graph, layers: Mapping[str, tuple[ir.Node, ir.Value]],
-                   formats: Mapping[str, BlockFormat]) -> int:  # fmt: skip
-    """The model's weights once ``formats``' layers are blocks: every other initializer as it is, plus each
-    layer's blocks (:func:`~requant.llm.budget.stored_bytes`)."""
-    blocked = {str(layers[name][1].name) for name in formats}
+def _planned_bytes(graph: ir.Graph, planned: Mapping[str, tuple[BlockFormat, int, int]]) -> int:
+    """The model's weights once the ``planned`` tensors (by name: their format, ``K``, ``N``) are blocks: every
+    other initializer as it is, plus each one's blocks (:func:`~requant.llm.budget.stored_bytes`)."""
     others = sum(v.const_value.nbytes for v in graph.initializers.values()
-                 if v.const_value is not None and str(v.name) not in blocked)  # fmt: skip
-    return others + sum(stored_bytes(f, *weight_dims(layers[name][1])) for name, f in formats.items())
+                 if v.const_value is not None and str(v.name) not in planned)  # fmt: skip
+    return others + sum(stored_bytes(f, k, n) for f, k, n in planned.values())
+
+
+def _plan(layers: Mapping[str, tuple[ir.Node, ir.Value]], formats: Mapping[str, BlockFormat],
+          tables: Mapping[str, tuple[ir.Value, list[ir.Node]]],
+          embedding_format: BlockFormat | None) -> dict[str, tuple[BlockFormat, int, int]]:  # fmt: skip
+    """The tensors that become blocks, by name: each layer's weight in its format, each untied embedding's table
+    (``[V, H]``: ``K`` is ``H``) in ``embedding_format`` when it is at least a block long."""
+    planned = {str(layers[name][1].name): (f, *weight_dims(layers[name][1])) for name, f in formats.items()}
+    for table, _ in tables.values():
+        n, k = (int(d) for d in table.const_value.shape.numpy())  # type: ignore[union-attr]
+        if embedding_format is not None and k >= embedding_format.block_size:
+            planned[str(table.name)] = (embedding_format, k, n)
+    return planned
 
 
 def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tuple[Packed, BlockFormat]],
@@ -230,26 +321,30 @@ def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tupl
 def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Array] | None = None,
                     methods: tuple[str, ...] = METHODS, progress: Callable[[int, float], None] | None = None,
                     tied_format: BlockFormat | None = None, max_bytes: int | None = None,
-                    framing: int = 0, folder: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                    framing: int = 0, folder: Path | None = None,
+                    embedding_format: BlockFormat | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Rewrite ``model``'s linear layers (in place) as ``MatMulNBits`` in ``fmt`` (a layer tied to an embedding:
     in ``tied_format`` when given); with ``max_bytes``, the 4-bit layers that cost the most get 8 bits within it
     (:mod:`requant.llm.budget`; the model's tensors and ``framing``, what its file holds beyond them; a
     :class:`BudgetError` before any rounding when even ``fmt`` does not fit). A record per layer (its name, ``K``,
     ``N``, bits, the rounding chosen and each one's output SQNR, how its tied embedding reads it, or why it
     stayed float). ``folder``: where each layer's blocks are kept as soon as they are rounded
-    (:meth:`Packed.kept`), for as long as the model is used."""
+    (:meth:`Packed.kept`), for as long as the model is used. Each embedding with a table of its own
+    (:func:`untied_embeddings`) is recorded after the layers (a record with ``table`` and ``gathers``:
+    :func:`_untie`): with ``embedding_format``, a ``GatherBlockQuantized`` of blocks in it, else kept float."""
     graph, moments = model.graph, moments or {}
     ties, started = tied_gathers(graph), time.perf_counter()
     layers = linear_weights(graph, ties)
     formats = {name: tied_format if tied_format is not None and str(w.name) in ties else fmt
                for name, (_, w) in layers.items() if weight_dims(w)[0] >= fmt.block_size}  # fmt: skip
+    tables = untied_embeddings(graph)
     room = None
     if max_bytes is not None:
-        smallest = framing + _planned_bytes(graph, layers, formats)
-        room = max_bytes - smallest
+        planned = _plan(layers, formats, tables, embedding_format)
+        room = max_bytes - framing - _planned_bytes(graph, planned)
         if room < 0:
-            raise BudgetError(f"the model is {smallest / 1e6:.1f} MB with every layer in {fmt.bits}-bit blocks of "
-                              f"{fmt.block_size}: more than --max-size {max_bytes / 1e6:.1f} MB")  # fmt: skip
+            raise BudgetError(f"the model is {(max_bytes - room) / 1e6:.1f} MB with every layer in {fmt.bits}-bit "
+                              f"blocks of {fmt.block_size}: more than --max-size {max_bytes / 1e6:.1f} MB")  # fmt: skip
     records: dict[str, dict[str, Any]] = {}
     rounded: dict[str, tuple[Packed, BlockFormat]] = {}
     for index, (name, (_, weight)) in enumerate(layers.items()):
@@ -271,9 +366,10 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
         stored = _replace(graph, node, weight, layer_fmt, packed)
         tied = ties.get(str(weight.name), [])
         if tied:
-            records[name]["tied"] = {str(g.name): _tie(graph, t, g, stored, packed) for t, g in tied}
+            records[name]["tied"] = {_label(g): _tie(graph, t, g, stored, packed) for t, g in tied}
         if not weight.uses():
             graph.initializers.pop(str(weight.name))
-    if rounded:
+    untied = [_untie(graph, table, gathers, embedding_format) for table, gathers in tables.values()]
+    if rounded or any("float" not in r for r in untied):
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
-    return list(records.values())
+    return [*records.values(), *untied]

@@ -187,9 +187,12 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
         scales = scale_search(decoder, fmt, kept)
         moments = _moments(decoder, calibration, check_windows, kept if max_bytes else None, options.progress, scales)
         with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
-            records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None, tied_format(fmt), max_bytes,
-                                      _framing(decoder), kept)  # fmt: skip
+            records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None,
+                                      options.embedding_format or tied_format(fmt), max_bytes, _framing(decoder),
+                                      kept, options.embedding_format)  # fmt: skip
         moments.finish()
+        embeddings = [r for r in records if "table" in r]  # (recorded after the layers)
+        records = records[: len(records) - len(embeddings)]
         lap("rounding")
         rounded = seconds.pop("rounding") - moments.seconds  # the two interleave: the moments' time is their own
         seconds["moments"], seconds["rounding"] = moments.seconds, rounded
@@ -205,7 +208,7 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
                      "scales": scales.records,
                      "calibration": {"windows": len(calibration), "window": WINDOW,
                                      "tokens": sum(w.shape[1] for w in calibration)},
-                     "roundings": dict(sorted(chosen.items())), "layers": records,
+                     "roundings": dict(sorted(chosen.items())), "layers": records, "embeddings": embeddings,
                      "size": {"float_bytes": model_bytes(decoder.path), "quantized_bytes": written,
                               "max_bytes": max_bytes}}  # fmt: skip
     report["outputs"] = _check(decoder, moments, staged, check_windows, held_out)
@@ -272,6 +275,21 @@ def _scale_lines(groups: list[dict[str, Any]]) -> list[str]:
             "1/s folded into what makes their input (a normalization, or the layer before a Mul)"]  # fmt: skip
 
 
+def _embedding_lines(embeddings: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for e in embeddings:
+        shape = f"{e['n']} x {e['k']}, {e['bytes'] / 1e6:.1f} MB float"
+        if "float" not in e:
+            out.append(f"embedding {e['table']} ({shape}): {e['bits']}-bit blocks of its own, read by a "
+                       f"GatherBlockQuantized ({e['how']}; SQNR {e['sqnr_db']:.1f} dB)")  # fmt: skip
+        elif "bits" in e:
+            out.append(f"embedding {e['table']} ({shape}) kept float: {e['float']}")
+        else:
+            out.append(f"embedding {e['table']} ({shape}) kept float, untied from the LM head: --embedding-bits 8 "
+                       "(or 4) stores it in blocks")  # fmt: skip
+    return out
+
+
 def lines(report: Mapping[str, Any]) -> list[str]:
     """The summary's lines of this flow."""
     llm = report.get("llm")
@@ -294,6 +312,7 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             out.append(
                 f"tied embedding: {layer['node']} ({bits}its table) and {gather}, a GatherBlockQuantized that {how}"
             )
+    out.extend(_embedding_lines(llm.get("embeddings", [])))
     size = llm["size"]
     out.append(f"size: {size['float_bytes'] / 1e6:.1f} MB -> {size['quantized_bytes'] / 1e6:.1f} MB")
     wider = [r["node"] for r in layers if "budget" in r]
