@@ -348,3 +348,25 @@ def test_a_size_budget_gives_8_bits_to_the_layer_that_loses_most_and_is_met() ->
     got = session.run(None, {"x": data[:4].astype(np.float32)})[0]
     expected = data[:4] @ (ws[0].const_value.numpy() + ws[1].const_value.numpy())  # type: ignore[union-attr]
     assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("bad", ["nan", "indefinite"])
+def test_moments_no_rounding_can_use_are_an_error_naming_the_layer(bad: str) -> None:
+    """NaN in a layer's input moments, or moments GPTQ cannot factor once damped (not x x^T: a strong
+    off-diagonal), stop the rounding with a requant error that names the layer, not NumPy's."""
+    from requant.llm.nbits import RoundingError, to_matmul_nbits
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([None, 64]))
+    w = ir.Value(name="w", const_value=ir.tensor(np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)))
+    node = ir.node("MatMul", [x, w], name="proj")
+    model = ir.Model(ir.Graph([x], node.outputs, nodes=[node], initializers=[w], opset_imports={"": 21}), ir_version=10)
+    h = np.eye(64)
+    if bad == "nan":
+        h[3, 5] = np.nan
+    else:
+        h[0, 1] = h[1, 0] = 10.0
+    message = "layer proj: " + (
+        "its calibration inputs hold NaN" if bad == "nan" else "the damped input moments are not"
+    )
+    with pytest.raises(RoundingError, match=message):
+        to_matmul_nbits(model, BlockFormat(4, 32, True), {"proj": h})

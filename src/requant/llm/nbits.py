@@ -32,6 +32,7 @@ __all__ = [
     "ACCURACY_LEVELS",
     "MS_DOMAIN",
     "BudgetError",
+    "RoundingError",
     "linear_weights",
     "tied_gathers",
     "to_matmul_nbits",
@@ -55,6 +56,10 @@ UNCLIPPED_BITS = 8
 
 class BudgetError(RequantError):
     """A size budget (``--max-size``) the model cannot meet."""
+
+
+class RoundingError(RequantError):
+    """A layer whose input moments no rounding can use (not finite; not positive definite once damped)."""
 
 
 def tied_gathers(graph: ir.Graph) -> dict[str, list[tuple[ir.Node, ir.Node]]]:
@@ -263,15 +268,24 @@ def weight_dims(weight: ir.Value) -> tuple[int, int]:
     return int(k), int(n)
 
 
-def _round(w: Array, h: Array | None, fmt: BlockFormat, methods: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    """``w`` in ``fmt`` by :func:`~requant.llm.rounding.round_layer` on its input moments ``h`` (8 bits: without
-    the clipping search, :data:`UNCLIPPED_BITS`), or to nearest without them; the rounding's record."""
+def _round(name: str, w: Array, h: Array | None, fmt: BlockFormat,
+           methods: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """``w`` (layer ``name``'s) in ``fmt`` by :func:`~requant.llm.rounding.round_layer` on its input moments
+    ``h`` (8 bits: without the clipping search, :data:`UNCLIPPED_BITS`), or to nearest without them; the
+    rounding's record. Moments that are not finite, or that GPTQ cannot factor once damped, are a
+    :class:`RoundingError` naming the layer."""
     if h is None:
         return round_to_nearest(w, fmt), {"chosen": "nearest", "why": "no input moments"}
+    if not np.isfinite(h).all():
+        raise RoundingError(f"layer {name}: its calibration inputs hold NaN or infinity (the float model "
+                            "overflows on the calibration text?): no rounding can be chosen on them")  # fmt: skip
     if fmt.bits >= UNCLIPPED_BITS:  # GPTQ at the weights' own ranges in place of the clipping search's
         methods = tuple(dict.fromkeys("gptq_activation_order" if m == "clip_gptq" else m for m in methods
                                       if m != "clip"))  # fmt: skip
-    return round_layer(w, h, fmt, methods)
+    try:
+        return round_layer(w, h, fmt, methods)
+    except np.linalg.LinAlgError as exc:
+        raise RoundingError(f"layer {name}: {exc}") from None
 
 
 def _planned_bytes(graph: ir.Graph, planned: Mapping[str, tuple[BlockFormat, int, int]]) -> int:
@@ -314,7 +328,7 @@ def _fit(layers: Mapping[str, tuple[ir.Node, ir.Value]], rounded: dict[str, tupl
         record = records[name]
         record["budget"] = {"bits": 4, "output_error": record["rounding"]["output_error"],
                             "why": "8 bits within --max-size: among the most 4-bit output error per byte"}  # fmt: skip
-        blocked, record["rounding"] = _round(w, moments.get(name), fmt, methods)
+        blocked, record["rounding"] = _round(name, w, moments.get(name), fmt, methods)
         rounded[name], record["bits"] = (Packed.of(blocked).kept(folder, f"{list(layers).index(name)}-8"), fmt), 8
 
 
@@ -357,7 +371,7 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
             continue
         h = moments.get(name)  # first: asking may run the layer's section, whose scales may change its weight
         w = np.asarray(weight.const_value.numpy(), np.float32)  # type: ignore[union-attr]
-        blocked, record["rounding"] = _round(w, h, layer_fmt, methods)
+        blocked, record["rounding"] = _round(name, w, h, layer_fmt, methods)
         rounded[name] = (Packed.of(blocked).kept(folder, str(index)), layer_fmt)
     if room is not None:
         _fit(layers, rounded, records, moments, room, methods, folder)
