@@ -383,6 +383,28 @@ def test_an_output_folder_is_written_whole_or_not_at_all(
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "notes.txt"} <= {p.name for p in out.iterdir()}
 
 
+@pytest.mark.parametrize("where", ["blocks", "staged model"])
+def test_a_full_disk_for_the_temporary_files_is_said(tiny: dict[str, Path], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, where: str) -> None:  # fmt: skip
+    """The rounded blocks kept on disk, or the staged model, meeting a full disk: a requant error that says where
+    the temporary files go (TMPDIR), nothing written to the output."""
+    import requant.llm.memory
+    import requant.stages.blocks
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    if where == "blocks":
+        monkeypatch.setattr(requant.llm.memory.np, "save", full)
+    else:
+        monkeypatch.setattr(requant.stages.blocks.ir, "save", full)
+    out = tmp_path / "out"
+    with pytest.raises(RequantError, match="could not write requant's temporary files in .*No space left on "
+                                           "device.*TMPDIR chooses where they go"):  # fmt: skip
+        quantize(tiny["genai"], str(tiny["calib"]), blocks(measure=False, output=out))
+    assert not out.exists()
+
+
 def test_a_size_budget_is_met_with_8_bit_layers_and_one_too_small_is_refused(tiny: dict[str, Path],
                                                                           tmp_path: Path) -> None:  # fmt: skip
     four = quantize(tiny["genai"], str(tiny["calib"]), blocks(block_size=32, measure=False)).report

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["PASS_THRESHOLD", "REST_THRESHOLD", "large_blocks_mapped", "on_disk"]
+__all__ = ["PASS_THRESHOLD", "REST_THRESHOLD", "large_blocks_mapped", "no_room", "on_disk", "write"]
 
 PASS_THRESHOLD = 4 << 20
 REST_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
@@ -55,8 +55,25 @@ def large_blocks_mapped() -> Iterator[bool]:
 
 
 def on_disk(data: npt.NDArray[Any], path: Path) -> npt.NDArray[Any]:
-    """``data`` written to ``path`` (``.npy``) and read back memory-mapped, read-only: its pages the file's, which
-    the system drops when it needs to, not the process's memory."""
-    np.save(path, data)
+    """``data`` written to ``path`` (``.npy``, :func:`write`) and read back memory-mapped, read-only: its pages the
+    file's, which the system drops when it needs to, not the process's memory."""
+    write(path, data)
     mapped: npt.NDArray[Any] = np.load(path, mmap_mode="r")
     return mapped
+
+
+def write(path: Path, data: npt.NDArray[Any]) -> None:
+    """``data`` saved to the temporary file ``path`` (``.npy``); a full disk (any ``OSError``) is a
+    :class:`~requant.frontends.SaveError` that says where the temporary files go (:func:`no_room`)."""
+    try:
+        np.save(path, data)
+    except OSError as exc:
+        raise no_room(exc, path.parent) from None
+
+
+def no_room(exc: OSError, folder: Path) -> Exception:
+    """The error for a temporary file that could not be written in ``folder``."""
+    from requant.frontends import SaveError
+
+    return SaveError(f"could not write requant's temporary files in '{folder.parent}' ({exc.strerror or exc}): "
+                     "TMPDIR chooses where they go; they take about the float model's size")  # fmt: skip

@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from requant.errors import RequantError
 from requant.llm.decoder import Decoder
-from requant.llm.memory import large_blocks_mapped
+from requant.llm.memory import large_blocks_mapped, write
 from requant.llm.runs import window_nll
 from requant.llm.sections import SECTION_BYTES, Section, SectionRun, section_of
 
@@ -106,7 +106,7 @@ class LayerMoments(Mapping[str, Array]):
         started = time.perf_counter()
         if self._done and self._keep is not None:  # the section before, for a second reading
             for name in self._names[self._done[-1]]:
-                np.save(self._kept(name), self._current[name])
+                write(self._kept(name), self._current[name])
         with large_blocks_mapped():  # the pass's freed arrays given back to the system (requant.llm.memory)
             section, totals = self._pass()
         self._done.append(section.name)

@@ -32,6 +32,7 @@ from requant.frontends import SaveError, save_onnx
 from requant.llm.awq import ScaleSearch, groups
 from requant.llm.blocks import BlockFormat
 from requant.llm.decoder import Decoder, model_bytes, open_decoder
+from requant.llm.memory import no_room
 from requant.llm.moments import LayerMoments
 from requant.llm.nbits import BudgetError, linear_weights, tied_gathers, to_matmul_nbits, weight_dims
 from requant.llm.runs import PREFILL, latency_ms, nll_perplexity, sectioned_perplexity, session
@@ -62,11 +63,14 @@ class Staged:
         self.folder = Path(self._folder.name)
         self.model_path = self.folder / decoder.path.name
         self.ir_model = decoder.model
-        ir.save(decoder.model, self.model_path, external_data=decoder.path.name + ".data")
-        if decoder.folder is not None:  # its configuration and tokenizer, not its models nor their data
-            for item in sorted(decoder.folder.iterdir()):
-                if item.is_file() and item.suffix not in (".onnx", ".data") and not item.name.startswith("."):
-                    shutil.copy2(item, self.folder / item.name)
+        try:
+            ir.save(decoder.model, self.model_path, external_data=decoder.path.name + ".data")
+            if decoder.folder is not None:  # its configuration and tokenizer, not its models nor their data
+                for item in sorted(decoder.folder.iterdir()):
+                    if item.is_file() and item.suffix not in (".onnx", ".data") and not item.name.startswith("."):
+                        shutil.copy2(item, self.folder / item.name)
+        except OSError as exc:  # (a full disk)
+            raise no_room(exc, self.folder) from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """A path ending in ``.onnx``: the model there, its weights in ``<name>.data`` beside it; any other: a
