@@ -125,7 +125,9 @@ def _check_decoder(model: ir.Model, where: str) -> None:
     outputs = {str(v.name) for v in model.graph.outputs}
     if "input_ids" not in inputs or "logits" not in outputs:
         raise DecoderError(f"{where} is not a causal language model: expected an input 'input_ids' and an output "
-                           f"'logits'; it has inputs {sorted(inputs)} and outputs {sorted(outputs)}")  # fmt: skip
+                           f"'logits'; it has inputs {sorted(inputs)} and outputs {sorted(outputs)} (the weight-block "
+                           "preset is for decoder language models; another model's linear layers are quantized "
+                           "by the default presets, without --preset)")  # fmt: skip
     unknown = inputs - {"input_ids", "attention_mask", "position_ids"}
     unknown = {n for n in unknown if not n.startswith("past_key_values")}
     if unknown:
