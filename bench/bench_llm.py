@@ -32,9 +32,11 @@ interleaved with float (``requant.report.latency``: alternating blocks, medians)
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,6 +143,8 @@ def main() -> None:
     from requant.llm.text import CALIBRATION_WINDOWS, EVALUATION_WINDOWS, load_tokenizer, read_text, token_windows
 
     root = Path(tempfile.mkdtemp(prefix="bench-llm-"))
+
+    atexit.register(shutil.rmtree, root, True)  # (gigabytes of models)
     calib, evaluation = _texts(root)
     hf, genai = _float_model(root)
     decoder = open_decoder(genai)

@@ -17,7 +17,7 @@ of 128; ``a``: asymmetric):
   scale_estimation=True, dataset)`` (8 bits: ``INT8_SYM``/``INT8_ASYM`` per channel, NNCF's only 8-bit mode,
   without data). NNCF also stores the embeddings and one layer in int8 per channel (its defaults: the smaller
   model), and (3.4, ONNX) gives each ``MatMulNBits`` the bias the ``Add`` after it still adds: the bench removes
-  that input (``_bias_once``; its model as written is kept beside it, ``nncf_as_written.onnx``);
+  that input (``_bias_once``) and reports the model as written too (``cosine_as_written``);
 - ``requant``: requant's rounding as its language-model flow runs it (``requant.llm``): each linear layer's
   input moments ``sum x x^T`` on the calibration sentences, the activation-aware scale search and fold
   (``llm.awq``), each layer's rounding chosen among ``stages.blocks.METHODS`` by its output error
@@ -38,9 +38,11 @@ Each tool's wall time (this process) and model size. ONNX Runtime 1.31 runs ever
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -133,10 +135,11 @@ def _nncf(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]]) 
         mode = modes.INT4_ASYM if args.asymmetric else modes.INT4_SYM
         compressed = nncf.compress_weights(onnx.load(str(path)), mode=mode, group_size=args.block, ratio=1.0,
                                            awq=True, scale_estimation=True, dataset=nncf.Dataset(calib))  # fmt: skip
-    onnx.save(compressed, str(out.with_name("nncf_as_written.onnx")))
+    as_written = out.with_name(f"{out.stem}-as-written.onnx")
+    onnx.save(compressed, str(as_written))
     repaired = _bias_once(compressed)
     onnx.save(compressed, str(out))
-    return {"bias_repaired": repaired}
+    return {"bias_repaired": repaired, "as_written": as_written}
 
 
 def _requant(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]], embedding: bool) -> dict[str, Any]:
@@ -241,6 +244,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     root = Path(tempfile.mkdtemp(prefix="bench-minilm-"))
+    atexit.register(shutil.rmtree, root, True)  # (gigabytes of models)
     samples = _float_model(root / "float.onnx")
     calib, evaluation = samples[:CALIBRATION], samples[CALIBRATION:]
     reference = _outputs(root / "float.onnx", evaluation)
@@ -262,6 +266,9 @@ def main() -> None:
             except Exception as exc:  # a model ONNX Runtime will not run: recorded as such
                 tools[tool] = {"refused": f"ONNX Runtime cannot run it: {str(exc).splitlines()[0][:200]}"}
                 continue
+            as_written = extra.pop("as_written", None)
+            if as_written is not None and extra.get("bias_repaired"):  # the model as NNCF wrote it, measured too
+                extra["cosine_as_written"] = _cosine(reference, _outputs(as_written, evaluation))
             tools[tool] = {"cosine": _cosine(reference, got), "seconds": seconds, "bytes": out.stat().st_size,
                            **extra}  # fmt: skip
         _print(setting.name, tools)
