@@ -150,10 +150,9 @@ def _requant(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]
     import onnx_ir as ir
 
     from requant.calibration.runner import collect
-    from requant.llm.awq import ScaleSearch, groups
     from requant.llm.blocks import BlockFormat
-    from requant.llm.nbits import linear_weights, to_matmul_nbits, weight_dims
-    from requant.stages.blocks import METHODS
+    from requant.llm.nbits import linear_weights, to_matmul_nbits
+    from requant.stages.blocks import METHODS, scale_search
 
     fmt = BlockFormat(args.bits, args.block, not args.asymmetric)
     model = ir.load(path)
@@ -161,13 +160,12 @@ def _requant(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]
     observers = {str(node.inputs[0].name): _Moments() for node, _ in layers.values()}  # type: ignore[union-attr]
     collect(model, calib, observers)
     moments = {name: observers[str(node.inputs[0].name)].total for name, (node, _) in layers.items()}  # type: ignore[union-attr]
-    rounded = {name for name, (_, w) in layers.items() if weight_dims(w)[0] >= fmt.block_size}
-    scales = ScaleSearch(layers, groups(layers, rounded), dict.fromkeys(rounded, fmt))
+    scales = scale_search(model.graph, fmt)
     scales(moments)  # the groups' moments shared (one array a value): each scaled once
     wider = BlockFormat(8, args.block, not args.asymmetric) if embedding else None
     records = to_matmul_nbits(model, fmt, moments, METHODS, embedding_format=wider)
     ir.save(model, out)
-    chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r and "table" not in r)
+    chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
     alphas = Counter(g["alpha"] for g in scales.records)
     return {"roundings": dict(sorted(chosen.items())), "alphas": {str(a): n for a, n in sorted(alphas.items())}}
 

@@ -73,7 +73,7 @@ def _rounding_peak(folder: Path, kept: Path) -> int:
     tracemalloc.start()
     try:
         fmt = BlockFormat(4, 128, True)
-        moments = LayerMoments(decoder, layers, windows, most=1, prepare=scale_search(decoder, fmt, kept))
+        moments = LayerMoments(decoder, layers, windows, most=1, prepare=scale_search(decoder.model.graph, fmt, kept))
         to_matmul_nbits(decoder.model, fmt, moments, METHODS, folder=kept)
         moments.finish()
         return tracemalloc.get_traced_memory()[1]

@@ -22,7 +22,7 @@ import numpy.typing as npt
 import onnx_ir as ir
 
 from requant.errors import RequantError
-from requant.llm.blocks import BlockFormat, dequantized_rows, pack, quantize_with, round_to_nearest
+from requant.llm.blocks import BlockFormat, dequantized_rows, pack, padded_rows, quantize_with, round_to_nearest
 from requant.llm.budget import Candidate, promoted, stored_bytes
 from requant.llm.clip import clipped_scales
 from requant.llm.memory import on_disk
@@ -225,7 +225,8 @@ def _table_blocks(table: Array, fmt: BlockFormat) -> tuple[Packed, float]:
     parts, signal, noise = [], 0.0, 0.0
     for start in range(0, table.shape[0], TABLE_ROWS):
         rows = np.asarray(table[start : start + TABLE_ROWS], np.float32)
-        blocked = quantize_with(rows.T, *clipped_scales(rows.T, None, fmt), fmt)
+        cut = padded_rows(rows.T, fmt)  # (once, for the search and the rounding)
+        blocked = quantize_with(rows.T, *clipped_scales(rows.T, None, fmt, rows=cut), fmt, cut)
         signal += float(np.sum(np.square(rows, dtype=np.float64)))
         noise += float(np.sum(np.square(dequantized_rows(blocked) - rows, dtype=np.float64)))
         parts.append(pack(blocked))
@@ -238,7 +239,7 @@ def _table_blocks(table: Array, fmt: BlockFormat) -> tuple[Packed, float]:
 def _untie(graph: ir.Graph, table: ir.Value, gathers: list[ir.Node], fmt: BlockFormat | None) -> dict[str, Any]:
     """An embedding's table of its own as ``GatherBlockQuantized`` blocks in ``fmt`` read by each of its
     ``gathers`` (:func:`_table_blocks`); its record (or why it stayed float: no ``fmt``, or too short)."""
-    n, k = (int(d) for d in table.const_value.shape.numpy())  # type: ignore[union-attr]
+    n, k = weight_dims(table)  # ([V, H]: a row per token)
     record: dict[str, Any] = {"table": str(table.name), "k": k, "n": n, "gathers": [_label(g) for g in gathers],
                               "bytes": table.const_value.nbytes}  # type: ignore[union-attr]  # fmt: skip
     if fmt is None:
@@ -263,7 +264,7 @@ def _untie(graph: ir.Graph, table: ir.Value, gathers: list[ir.Node], fmt: BlockF
 
 
 def weight_dims(weight: ir.Value) -> tuple[int, int]:
-    """A linear layer's weight's ``(K, N)``."""
+    """A linear layer's weight's ``(K, N)`` (a 2-d tensor's two sizes)."""
     k, n = weight.const_value.shape.numpy()  # type: ignore[union-attr]
     return int(k), int(n)
 
@@ -302,9 +303,11 @@ def _plan(layers: Mapping[str, tuple[ir.Node, ir.Value]], formats: Mapping[str, 
     """The tensors that become blocks, by name: each layer's weight in its format, each untied embedding's table
     (``[V, H]``: ``K`` is ``H``) in ``embedding_format`` when it is at least a block long."""
     planned = {str(layers[name][1].name): (f, *weight_dims(layers[name][1])) for name, f in formats.items()}
+    if embedding_format is None:
+        return planned
     for table, _ in tables.values():
-        n, k = (int(d) for d in table.const_value.shape.numpy())  # type: ignore[union-attr]
-        if embedding_format is not None and k >= embedding_format.block_size:
+        n, k = weight_dims(table)  # ([V, H]: a row per token)
+        if k >= embedding_format.block_size:
             planned[str(table.name)] = (embedding_format, k, n)
     return planned
 

@@ -117,10 +117,10 @@ def _moments(decoder: Decoder, windows: list[Any], held: list[Any], keep: Path |
     return moments
 
 
-def scale_search(decoder: Decoder, fmt: BlockFormat, folder: Path) -> ScaleSearch:
-    """The activation-aware scale search (:mod:`requant.llm.awq`) of the layers rounded in ``fmt`` (not those tied
-    to an embedding, nor those shorter than a block), the scaled weights kept in ``folder``."""
-    graph = decoder.model.graph
+def scale_search(graph: ir.Graph, fmt: BlockFormat, folder: Path | None = None) -> ScaleSearch:
+    """The activation-aware scale search (:mod:`requant.llm.awq`) of ``graph``'s layers rounded in ``fmt`` (not
+    those tied to an embedding, nor those shorter than a block), the scaled weights kept in ``folder`` (held in
+    memory without one)."""
     ties = tied_gathers(graph)
     linear = linear_weights(graph, ties)
     rounded = {
@@ -188,15 +188,15 @@ def quantize_blocks(model: Any, calibration_data: Any, options: Options, started
     max_bytes = None if options.max_size is None else int(options.max_size * 1e6)
     with tempfile.TemporaryDirectory(prefix="requant-blocks-") as folder:  # the moments a budget reads again, and
         kept = Path(folder)  # the rounded layers' blocks (memory-mapped until the model is written)
-        scales = scale_search(decoder, fmt, kept)
+        scales = scale_search(decoder.model.graph, fmt, kept)
         moments = _moments(decoder, calibration, check_windows, kept if max_bytes else None, options.progress, scales)
         with threadpool_limits(limits=os.cpu_count(), user_api="blas"):  # no ONNX Runtime session spins meanwhile
             records = to_matmul_nbits(decoder.model, fmt, moments, METHODS, None,
                                       options.embedding_format or tied_format(fmt), max_bytes, _framing(decoder),
                                       kept, options.embedding_format)  # fmt: skip
         moments.finish()
-        embeddings = [r for r in records if "table" in r]  # (recorded after the layers)
-        records = records[: len(records) - len(embeddings)]
+        embeddings = [r for r in records if "table" in r]  # an untied embedding's record
+        records = [r for r in records if "table" not in r]
         lap("rounding")
         rounded = seconds.pop("rounding") - moments.seconds  # the two interleave: the moments' time is their own
         seconds["moments"], seconds["rounding"] = moments.seconds, rounded
