@@ -7,6 +7,8 @@ ONNX Runtime assert what this runtime does, whichever it is."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,3 +43,29 @@ def _probe() -> KernelModel:
 
 HOST = _probe()
 PAIRS_SATURATE = HOST is ONNXRUNTIME_X86
+
+
+# In a fresh interpreter that imports nothing but ONNX Runtime: run one QGEMM, then ask Linux
+# (arch_prctl ARCH_GET_XCOMP_PERM) whether the process may use AMX tile data (XFEATURE 18). MLAS's
+# MlasInitAMX asks for it exactly when CPUID and XCR0 offer AMX-TILE and AMX-INT8, and takes the AMX
+# QGEMM when granted; a kernel before 5.16 answers EINVAL (no AMX for anyone there).
+_AMX_PROBE = """
+import ctypes, numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper
+graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "g",
+    [helper.make_tensor_value_info("a", TensorProto.UINT8, [64, 64]),
+     helper.make_tensor_value_info("b", TensorProto.INT8, [64, 64])],
+    [helper.make_tensor_value_info("y", TensorProto.INT32, [64, 64])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+session.run(None, {"a": np.ones((64, 64), np.uint8), "b": np.ones((64, 64), np.int8)})
+mask = ctypes.c_ulong(0)
+granted = ctypes.CDLL(None).syscall(ctypes.c_long(158), ctypes.c_long(0x1022), ctypes.byref(mask)) == 0 and mask.value >> 18 & 1
+print(bool(granted))
+"""
+
+
+def mlas_took_amx() -> bool:
+    """Whether this machine's ONNX Runtime runs its uint8 x int8 GEMMs on AMX tiles (a fresh process)."""
+    run = subprocess.run([sys.executable, "-c", _AMX_PROBE], capture_output=True, text=True, check=True)
+    return run.stdout.strip() == "True"

@@ -20,9 +20,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, Reduction, host_kernel_model, is_depthwise
+from requant.targets.kernels import (
+    ONNXRUNTIME_X86,
+    ONNXRUNTIME_X86_AMX,
+    ONNXRUNTIME_X86_VNNI,
+    Reduction,
+    host_kernel_model,
+    is_depthwise,
+)
 from requant.types.accumulation import INT16_PAIRS, INT32, Accumulation
-from tests.host import HOST, MASKED
+from tests.host import HOST, MASKED, mlas_took_amx
 
 RNG_SEED = 7
 
@@ -328,13 +335,38 @@ def test_the_host_model_follows_the_cpu_flags() -> None:
     zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
     zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n"
     alder_lake = "flags\t\t: avx2 avx_vnni\n"
+    sapphire_rapids = "flags\t\t: avx2 avx512f avx512_vnni avx_vnni amx_bf16 avx512_fp16 amx_tile amx_int8\n"
     assert host_kernel_model(zen3) is ONNXRUNTIME_X86
     assert host_kernel_model("flags\t\t: avx2 avx512f avx512bw\n") is ONNXRUNTIME_X86  # AVX-512 without VNNI pairs
     assert host_kernel_model(zen4) is ONNXRUNTIME_X86_VNNI
     assert host_kernel_model(alder_lake) is ONNXRUNTIME_X86_VNNI
+    assert host_kernel_model(sapphire_rapids) is ONNXRUNTIME_X86_AMX
+    # MLAS asks for both AMX-TILE and AMX-INT8: with one, the VNNI kernels
+    assert host_kernel_model("flags\t\t: avx2 avx512f avx512_vnni amx_tile\n") is ONNXRUNTIME_X86_VNNI
     assert host_kernel_model("") is ONNXRUNTIME_X86  # nothing known: the conservative model
+    assert ONNXRUNTIME_X86_AMX.exact and ONNXRUNTIME_X86_VNNI.exact and not ONNXRUNTIME_X86.exact
+
+
+def test_amx_computes_what_vnni_computes_for_every_kernel() -> None:
+    """The AMX model names its kernels (AMX tiles for the QGEMMs, ConvSym and depthwise for the rest) and
+    adds exactly wherever the VNNI one does."""
+    for op, depthwise in (("Conv", True), ("Conv", False), ("Gemm", False), ("MatMul", False), ("LSTM", False)):
+        for inputs, weights in (("u8", "i8"), ("u8", "u8"), ("i8", "i8")):
+            if op == "LSTM" and inputs == "i8":
+                continue
+            amx, vnni = (m.find(op, inputs, weights, depthwise) for m in (ONNXRUNTIME_X86_AMX, ONNXRUNTIME_X86_VNNI))
+            assert amx is not None and vnni is not None, (op, inputs, weights, depthwise)
+            assert amx.accumulation is vnni.accumulation is INT32
+    assert "AMX" in ONNXRUNTIME_X86_AMX.find("MatMul", "u8", "i8").kernel
+    assert "depthwise" in ONNXRUNTIME_X86_AMX.find("Conv", "u8", "i8", True).kernel
 
 
 @pytest.mark.skipif(MASKED, reason="bench/ort_without_vnni.py's ONNX Runtime runs the AVX2 kernels whatever the CPU")
 def test_the_cpu_flags_predict_what_onnxruntime_computes() -> None:
-    assert host_kernel_model() is HOST
+    """Exact sums where the flags say VNNI or AMX, int16 pairs elsewhere; and AMX exactly where MLAS took its
+    branch, which asks Linux for the tiles' state (a fresh process that only ran ONNX Runtime: torch's
+    oneDNN asks too)."""
+    assert host_kernel_model().exact == HOST.exact
+    if HOST is ONNXRUNTIME_X86:
+        return
+    assert (host_kernel_model() is ONNXRUNTIME_X86_AMX) == mlas_took_amx()

@@ -374,6 +374,27 @@ def test_lint_finds_the_kernels_that_can_saturate_and_their_worst_error(tmp_path
     assert safe.report["lint"]["saturation"] == {**full.report["lint"]["saturation"], "can_saturate": []}
 
 
+def test_lint_says_whether_this_cpu_is_one_whose_kernels_saturate() -> None:
+    """The saturation finding names the CPU lint ran on (its kernel model): exact sums with VNNI or AMX, one
+    of the CPUs that saturate without; a report saved before lint knew its CPU reads back without the line."""
+    import dataclasses
+
+    from requant.report.lint import LintResult
+    from requant.targets.kernels import ONNXRUNTIME_X86, ONNXRUNTIME_X86_AMX, ONNXRUNTIME_X86_VNNI, host_kernel_model
+
+    proto, x, _ = _saturating_gemm()
+    full = requant.api.quantize(proto, {"x": x}, target="onnxruntime-cpu-vnni", quantizer=conv_preset(), measure=False)
+    result = LintResult.from_json(full.report["lint"])
+    assert result.this_cpu == host_kernel_model().name and result.can_saturate
+    for host, says in ((ONNXRUNTIME_X86, "one of those CPUs"),
+                       (ONNXRUNTIME_X86_VNNI, "its sums are exact, these kernels do not saturate here"),
+                       (ONNXRUNTIME_X86_AMX, "its sums are exact, these kernels do not saturate here")):  # fmt: skip
+        assert dataclasses.replace(result, this_cpu=host.name).text().splitlines()[-1] == f"this CPU: {host.name}: {says}"
+    saturation = {k: v for k, v in full.report["lint"]["saturation"].items() if k != "this_cpu"}
+    older = LintResult.from_json({**full.report["lint"], "saturation": saturation})
+    assert older.this_cpu == "" and "this CPU" not in older.text()
+
+
 def test_lint_reports_what_onnx_runtime_fused(tmp_path: Path) -> None:
     out = tmp_path / "int8.onnx"
     requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", output=out)

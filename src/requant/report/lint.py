@@ -28,7 +28,7 @@ from requant.errors import RequantError
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 from requant.report.saturation import SaturationFinding, find_saturation
 from requant.runtime import cpu_session
-from requant.targets.kernels import ONNXRUNTIME_X86, softmax_length
+from requant.targets.kernels import HOST_MODELS, ONNXRUNTIME_X86, host_kernel_model, softmax_length
 
 __all__ = ["INT8_KERNELS", "LintResult", "lint"]
 
@@ -58,6 +58,7 @@ class LintResult:
     weighted_kernels: int = 0  # uint8 x int8 kernels with constant weights, checked for saturation
     can_saturate: list[SaturationFinding] = field(default_factory=list)  # on x86 CPUs without VNNI
     softmax_overflows: list[str] = field(default_factory=list)  # QLinearSoftmax whose top comes out as 0
+    this_cpu: str = ""  # the kernel model of the CPU lint ran on (kernels.host_kernel_model)
 
     @property
     def clean(self) -> bool:
@@ -84,6 +85,7 @@ class LintResult:
                 "cpus": ONNXRUNTIME_X86.cpus,
                 "kernels_checked": self.weighted_kernels,
                 "can_saturate": [f.__dict__ for f in self.can_saturate],
+                "this_cpu": self.this_cpu,
             },
             "softmax_can_overflow": self.softmax_overflows,
         }
@@ -103,6 +105,7 @@ class LintResult:
             int(saturation["kernels_checked"]),
             [SaturationFinding(**f) for f in saturation["can_saturate"]],
             list(section["softmax_can_overflow"]),
+            str(saturation.get("this_cpu", "")),  # reports written before 2026-11-29 have none
         )
 
     def text(self) -> str:
@@ -128,6 +131,12 @@ class LintResult:
                 f"can saturate on x86 CPUs without VNNI (int16 pair sums): {len(self.can_saturate)} of "
                 f"{self.weighted_kernels} uint8 x int8 kernels; worst {worst.text()}"
             )
+            host = HOST_MODELS.get(self.this_cpu)
+            if host is not None:
+                lines.append(
+                    f"this CPU: {host.name}: "
+                    + ("its sums are exact, these kernels do not saturate here" if host.exact else "one of those CPUs")
+                )
         if self.softmax_overflows:
             lines.append(
                 "QLinearSoftmax returning 0 for a row's largest probabilities (its float32 product of exp and "
@@ -208,7 +217,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = {init.name for init in graph.initializer}
-    result = LintResult(op_counts=dict(Counter(n.op_type for n in graph.node)))
+    result = LintResult(op_counts=dict(Counter(n.op_type for n in graph.node)), this_cpu=host_kernel_model().name)
     result.weighted_kernels, result.can_saturate = find_saturation(graph)
     result.int8_kernels = dict(Counter(n.op_type for n in graph.node if n.op_type in INT8_KERNELS))
     result.softmax_overflows = _softmax_overflows(optimized)

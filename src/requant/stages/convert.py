@@ -26,7 +26,7 @@ from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding
 from requant.propagation.propagate import propagate
 from requant.report.lint import LintResult, lint
 from requant.report.markdown import encoding_summary
-from requant.targets.kernels import ONNXRUNTIME_X86_VNNI
+from requant.targets.kernels import HOST_MODELS, ONNXRUNTIME_X86_AMX
 from requant.targets.registry import Target
 from requant.transforms.bias_correction import (
     DEFAULT_SAMPLES,
@@ -151,9 +151,11 @@ def encoding_lines(report: Mapping[str, Any]) -> list[str]:
         return []
     out = [f"int8 weights: {encoding_summary(report['weight_encoding'])}"]
     encodings = report["weight_encoding"]["kernels"]
-    if report.get("this_cpu") == ONNXRUNTIME_X86_VNNI.name and any(e["rescaled"] for e in encodings):
+    host = HOST_MODELS.get(report.get("this_cpu", ""))
+    if host is not None and host.exact and any(e["rescaled"] for e in encodings):
+        has = "AMX and VNNI" if host is ONNXRUNTIME_X86_AMX else "VNNI"
         out.append(
-            "this CPU has VNNI: for CPUs like it, --target onnxruntime-cpu-vnni keeps full-range int8 weights "
+            f"this CPU has {has}: for CPUs like it, --target onnxruntime-cpu-vnni keeps full-range int8 weights "
             "(exact there, and more accurate; on CPUs without VNNI they can saturate)"
         )
     return out

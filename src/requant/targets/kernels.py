@@ -23,7 +23,14 @@ adversarial weights and inputs (``tests/test_kernel_model.py``) and read from ML
   int32, exact.
 - uint8 x uint8 (``vpmaddwd`` on zero-extended words) and int8 x int8 (no x86 ConvSym or QGEMM
   for signed inputs without AVX-VNNI-INT8: the portable kernel): exact.
-- With AVX-VNNI, AVX512-VNNI or AMX, ``vpdpbusd`` adds four products straight into int32: exact.
+- With AVX-VNNI or AVX512-VNNI, ``vpdpbusd`` adds four products straight into int32: exact.
+- With AMX-INT8 (Intel Sapphire Rapids and later; MLAS takes it where CPUID has AMX-TILE and AMX-INT8,
+  XCR0 has the tile state and Linux grants the process its use): every uint8 x int8 QGEMM (``QGemm``,
+  ``MatMulIntegerToFloat``, ``QLinearMatMul``, ``DynamicQuantizeLSTM``, and a ``QLinearConv`` that
+  runs as an im2col GEMM) multiplies on AMX tiles, ``tdpbusd``: four products at a time into int32,
+  exact, as VNNI. A ``QLinearConv`` that takes ConvSym runs AVX512-VNNI's (or AVX-VNNI's) ConvSym
+  kernel, a depthwise one MLAS's depthwise kernel: exact too. So AMX computes what VNNI computes, bit
+  for bit; only its speed differs (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ import numpy.typing as npt
 from requant.types.accumulation import INT16_PAIRS, INT32, Accumulation
 
 __all__ = [
+    "HOST_MODELS",
     "ONNXRUNTIME_X86",
+    "ONNXRUNTIME_X86_AMX",
     "ONNXRUNTIME_X86_VNNI",
     "QLINEAR_SOFTMAX_OVERFLOW",
     "KernelModel",
@@ -83,6 +92,11 @@ class KernelModel:
     # a fused int8 Softmax multiplies its largest exp by floor(1 / output scale) in float32: where that
     # exceeds this many times the axis length, the product overflows and the output is the zero point
     softmax_overflow: float | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether every integer kernel of the model adds its products exactly in int32."""
+        return all(rule.accumulation is INT32 for rule in self.rules)
 
     def find(self, op_type: str, inputs: str, weights: str, depthwise: bool = False) -> KernelRule | None:
         return next((r for r in self.rules if r.matches(op_type, inputs, weights, depthwise)), None)
@@ -131,23 +145,42 @@ ONNXRUNTIME_X86_VNNI = KernelModel(
     QLINEAR_SOFTMAX_OVERFLOW,
 )
 
+ONNXRUNTIME_X86_AMX = KernelModel(
+    "ONNX Runtime x86-64 with AMX",
+    "x86-64 CPUs with AMX-INT8 (Intel Sapphire Rapids and later): VNNI's exact int32 sums, the GEMMs on AMX tiles",
+    (
+        KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True),
+        KernelRule("QLinearConv (MLAS ConvSym, vpdpbusd; or an im2col QGEMM on AMX tiles)", _CONV, INT32, "u8", "i8"),
+        KernelRule("QGemm, MatMulIntegerToFloat, QLinearMatMul (QGEMM, AMX tdpbusd)", _LINEAR, INT32, "u8", "i8"),
+        KernelRule("DynamicQuantizeLSTM (QGEMM, AMX tdpbusd)", _LSTM, INT32, "u8", "i8"),
+        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
+        KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
+    ),
+    QLINEAR_SOFTMAX_OVERFLOW,
+)
+
+# what host_kernel_model can answer, by name (a report's "this_cpu")
+HOST_MODELS = {m.name: m for m in (ONNXRUNTIME_X86, ONNXRUNTIME_X86_VNNI, ONNXRUNTIME_X86_AMX)}
 
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # as Linux names them in /proc/cpuinfo
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8"})  # both, as MLAS asks CPUID (Linux lists them once the OS allows)
 
 
 def host_kernel_model(cpuinfo: str | None = None) -> KernelModel:
     """The kernel model of the CPU this runs on (``cpuinfo``: the text of ``/proc/cpuinfo``, read when
-    None): with VNNI when its flags name one of ``VNNI_FLAGS``, else without (also when they cannot be
-    read: the model that proves less). For measuring and testing what this CPU computes, and for the
-    report's advice (``this_cpu``); the quantized model never depends on it (the same bytes on every
-    machine)."""
+    None): with AMX when its flags name both of ``AMX_FLAGS``, with VNNI when they name one of
+    ``VNNI_FLAGS``, else without (also when they cannot be read: the model that proves less). For
+    measuring and testing what this CPU computes, and for the report's advice (``this_cpu``); the
+    quantized model never depends on it (the same bytes on every machine)."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         if platform.machine().lower() not in ("x86_64", "amd64") or not path.is_file():
             return ONNXRUNTIME_X86
         cpuinfo = path.read_text(errors="replace")
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return ONNXRUNTIME_X86_VNNI if VNNI_FLAGS & set(flags) else ONNXRUNTIME_X86
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+    if flags >= AMX_FLAGS:
+        return ONNXRUNTIME_X86_AMX
+    return ONNXRUNTIME_X86_VNNI if VNNI_FLAGS & flags else ONNXRUNTIME_X86
 
 
 @dataclass(frozen=True)
