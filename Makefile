@@ -9,8 +9,10 @@ build:
 	mkdir -p build
 
 $(STAMP): pyproject.toml requirements/models.txt | build
-	# Debian's Chromium renders the HTML report in its test (headless); apt needs root, as CI runs
-	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	# Debian's Chromium renders the HTML report in its test (headless); gdb runs ONNX Runtime with MLAS made
+	# to see AMX in tests/test_without_vnni.py; apt needs root, as CI runs
+	command -v chromium >/dev/null && command -v gdb >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium gdb >/dev/null)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
@@ -32,8 +34,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
+# two worker processes (pytest-xdist), each test sent to whichever is free; the torch exports the tests share
+# are made once per run (tests/conftest.py)
 test: lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'

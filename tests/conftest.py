@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.mlir_oracle import MlirOracle, mlir_available
+from tests.models import EXPORTS_FOLDER
+
+_MADE = pytest.StashKey[str]()
 
 # The same examples on every run: CI is deterministic, failures reproduce.
 settings.register_profile(
     "default", derandomize=True, deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One folder for the run's model exports (``tests.models.exported``), shared by pytest-xdist's
+    workers (they inherit it), removed when the process that made it ends."""
+    if not os.environ.get(EXPORTS_FOLDER):
+        os.environ[EXPORTS_FOLDER] = tempfile.mkdtemp(prefix="requant-test-exports-")
+        config.stash[_MADE] = os.environ[EXPORTS_FOLDER]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_MADE, None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        del os.environ[EXPORTS_FOLDER]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

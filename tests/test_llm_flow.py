@@ -24,6 +24,7 @@ from requant.llm.text import TextError
 from requant.options import Options
 from requant.pipeline import quantize
 from requant.quantizers import PRESETS, Quantizer
+from tests.models import once_per_run
 from tests.models.tiny_decoder import docs_text, make_genai_folder, make_hf_folder, untied_copy
 
 pytest.importorskip("onnxruntime_genai")
@@ -32,15 +33,21 @@ pytest.importorskip("transformers")
 PRESET = ("--preset", "INT4_BLOCKWISE_WEIGHTS")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
+def _tiny_files(root: Path) -> None:
     hf = make_hf_folder(root / "hf")
     calib, held_out = docs_text()
     (root / "calib.txt").write_text(calib)
     (root / "eval.txt").write_text(held_out)
-    return {"hf": hf, "genai": make_genai_folder(hf, root / "genai"), "calib": root / "calib.txt",
-            "eval": root / "eval.txt", "root": root}  # fmt: skip
+    make_genai_folder(hf, root / "genai")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict[str, Path]:
+    """The tiny decoder as a Hugging Face folder and a genai one, with text to calibrate and evaluate on: made
+    once per test run (read only)."""
+    root = once_per_run("tiny_decoder", _tiny_files)
+    return {"hf": root / "hf", "genai": root / "genai", "calib": root / "calib.txt", "eval": root / "eval.txt",
+            "root": root}  # fmt: skip
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -389,7 +389,9 @@ def test_lint_says_whether_this_cpu_is_one_whose_kernels_saturate() -> None:
     for host, says in ((ONNXRUNTIME_X86, "one of those CPUs"),
                        (ONNXRUNTIME_X86_VNNI, "its sums are exact, these kernels do not saturate here"),
                        (ONNXRUNTIME_X86_AMX, "its sums are exact, these kernels do not saturate here")):  # fmt: skip
-        assert dataclasses.replace(result, this_cpu=host.name).text().splitlines()[-1] == f"this CPU: {host.name}: {says}"
+        assert (
+            dataclasses.replace(result, this_cpu=host.name).text().splitlines()[-1] == f"this CPU: {host.name}: {says}"
+        )
     saturation = {k: v for k, v in full.report["lint"]["saturation"].items() if k != "this_cpu"}
     older = LintResult.from_json({**full.report["lint"], "saturation": saturation})
     assert older.this_cpu == "" and "this CPU" not in older.text()

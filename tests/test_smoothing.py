@@ -138,16 +138,16 @@ def test_smoothing_brings_minilm_closer_to_float_and_gives_the_same_bytes() -> N
     from tests.models.minilm import export_minilm
 
     model, samples = export_minilm(80)
-    plain, smoothed = (
-        requant.quantize(model, samples[:40], eval_data=samples[40:], smoothing=alpha, measure=False).report
+    plain, at_08 = (
+        requant.quantize(model, samples[:40], eval_data=samples[40:], smoothing=alpha, measure=False)
         for alpha in (0, 0.8)
     )
-    again = requant.quantize(model, samples[:40], measure=False)  # the default: alpha 0.8
-    first = requant.quantize(model, samples[:40], measure=False)
+    again = requant.quantize(model, samples[:40], measure=False)  # the default: alpha 0.8, and no evaluation
     assert (
         ir.serde.serialize_model(again.model).SerializeToString()
-        == ir.serde.serialize_model(first.model).SerializeToString()
+        == ir.serde.serialize_model(at_08.model).SerializeToString()
     )
+    plain, smoothed = plain.report, at_08.report
     assert plain["smoothing"]["inputs"] == [] and smoothed["smoothing"]["alpha"] == 0.8
     applied = [r for r in smoothed["smoothing"]["inputs"] if r["applied"]]
     assert len(applied) >= 18 and all(r["spread_after"] < r["spread_before"] for r in applied)

@@ -1,10 +1,13 @@
 """Model classes for the tests (ImageNet classifiers, a sentence encoder, the digits CNN), their exports
-through requant's PyTorch front door (once per test process: :func:`exported`), and the bench's photo
+through requant's PyTorch front door (once per test run: :func:`exported`), and the bench's photo
 crops as calibration and evaluation samples of an image classifier."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _EXPORTS: dict[str, Any] = {}
@@ -50,11 +53,46 @@ EXPORTERS: dict[str, Callable[[], Any]] = {
 }
 
 
+# the folder the test run's processes share what they build once (tests/conftest.py makes it for the run)
+EXPORTS_FOLDER = "REQUANT_TEST_EXPORTS"
+
+
+def once_per_run(name: str, build: Callable[[Path], object]) -> Path:
+    """``$REQUANT_TEST_EXPORTS/name``, built by ``build(path)`` in the first process of the test run that asks
+    (pytest-xdist's workers wait for it under a lock), then only read: a model export, a folder of files.
+    Built beside it and renamed, so no process sees half of it. Without the folder (outside pytest), built
+    in a temporary folder of this process, removed when it exits."""
+    folder = os.environ.get(EXPORTS_FOLDER)
+    if not folder:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = os.environ[EXPORTS_FOLDER] = tempfile.mkdtemp(prefix="requant-test-exports-")
+        atexit.register(shutil.rmtree, folder, True)
+    path = Path(folder) / name
+    with open(Path(folder) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not path.exists():
+            part = Path(folder) / f"{name}.part"
+            build(part)
+            part.rename(path)
+    return path
+
+
+def _export_once(name: str) -> Any:
+    """The model ``name`` exported once per test run (:func:`once_per_run`) and loaded back by every process,
+    the one that exported it included: each sees the same model whichever exported it."""
+    import onnx_ir as ir
+
+    return ir.load(once_per_run(f"{name}.onnx", lambda path: ir.save(EXPORTERS[name](), path)))
+
+
 def exported(name: str) -> Any:
     """The model ``name`` (of :data:`EXPORTERS`) as requant loads it from PyTorch: exported once per test
-    process (a few seconds each), a copy each call (tests change models in place)."""
+    run (a few seconds each; :func:`_export_once`), a copy each call (tests change models in place)."""
     if name not in _EXPORTS:
-        _EXPORTS[name] = EXPORTERS[name]()
+        _EXPORTS[name] = _export_once(name)
     return _EXPORTS[name].clone()
 
 
