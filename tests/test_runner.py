@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import pytest
 
 from requant.calibration import MinMaxObserver
 from requant.calibration.runner import collect
@@ -234,3 +235,26 @@ def test_every_onnx_runtime_rewrite_keeps_the_observed_values() -> None:
     for name, values in truth.items():
         lo, hi = float(observers[name].lo), float(observers[name].hi)  # type: ignore[arg-type]
         assert np.allclose([lo, hi], [values.min(), values.max()], rtol=1e-5, atol=1e-5), name
+
+
+def test_a_calibration_model_onnx_runtime_refuses_is_requants_error_naming_the_node() -> None:
+    """A model requant writes to calibrate and ONNX Runtime refuses (here a Concat of a rank-1 and a rank-2
+    value, as a rewrite that made a scalar rank 1 once wrote): a CalibrationError naming the stage, the
+    node, its inputs as requant has them, and ONNX Runtime's words; never ONNX Runtime's traceback."""
+    from requant.calibration.observers import CalibrationError
+    from requant.calibration.runner import _session
+
+    model = load_onnx_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[4] y) {
+        one = Constant <value = float[1,1] {1.0}> ()
+        y = Concat <axis = 0> (x, one)
+    }
+    """)
+    model.graph.node(1).name = "cat"
+    with pytest.raises(CalibrationError) as refused, _session(model, [], optimize=True):
+        pass
+    text = str(refused.value)
+    assert text.startswith("calibration (the model with the values it observes as outputs): ONNX Runtime refused")
+    assert "at Concat 'cat' (its inputs as requant has them: x: FLOAT[2], one: FLOAT[1, 1])" in text
+    assert "All inputs to Concat must have same rank" in text and "requant's fault" in text

@@ -11,6 +11,7 @@ import onnx_ir as ir
 __all__ = [
     "DEFAULT_DOMAINS",
     "clamp_bounds",
+    "computes_floats",
     "constant",
     "dequantized_constant",
     "fresh_name",
@@ -83,6 +84,17 @@ def constant(value: ir.Value | None) -> npt.NDArray[np.generic] | None:
         tensor = producer.attributes["value"].as_tensor()
         return tensor.numpy()
     return None
+
+
+def computes_floats(node: ir.Node) -> bool:
+    """Whether ``node`` computes on float tensors: its first output's element type, or where that is not
+    known its first input's, is a floating-point one. An op on integers (a shape computation's ``Div`` of
+    int64 sizes) has nothing to quantize, and no float rewrite of it holds (int64 ``x / 2`` is not
+    ``x * 0.5``)."""
+    for value in (*node.outputs[:1], *node.inputs[:1]):
+        if value is not None and value.dtype is not None:
+            return value.dtype.is_floating_point()
+    return False
 
 
 def clamp_bounds(node: ir.Node) -> tuple[float, float] | None:

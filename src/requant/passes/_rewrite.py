@@ -55,7 +55,8 @@ def with_opset(model: ir.Model, version: int) -> ir.Model:
 def new_initializer(graph: ir.Graph, base_name: str, array: npt.NDArray[np.generic]) -> ir.Value:
     """Register ``array`` as an initializer of ``graph`` under a name not used there yet."""
     name = fresh_name(base_name, {v.name for v in graph_values(graph)})
-    tensor = ir.Tensor(np.ascontiguousarray(array), name=name)
+    data = np.asarray(array)  # a 0-d array stays 0-d (np.ascontiguousarray makes it 1-d: a scalar's rank changed)
+    tensor = ir.Tensor(data if data.flags.c_contiguous else data.copy(), name=name)
     value = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
     graph.register_initializer(value)
     return value

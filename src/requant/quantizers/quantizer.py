@@ -17,7 +17,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from requant.errors import RequantError
-from requant.ir.queries import DEFAULT_DOMAINS
+from requant.ir.queries import DEFAULT_DOMAINS, computes_floats
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
 from requant.quantizers.config import PRESETS, DerivedBias, QuantizationConfig, choose_preset
@@ -287,7 +287,9 @@ class Quantizer:
         rules = {d.op_type: d for d in self.table.decompositions}
         if not rules:
             return [], []
+        # only ops on floats: an integer op is quantized by nothing, and a float rewrite of it would not hold
         candidates = [n for n in model.graph if n.op_type in rules and n.domain in DEFAULT_DOMAINS]
+        candidates = [n for n in candidates if computes_floats(n)]
         if not candidates:
             return [], []
         selections = [
