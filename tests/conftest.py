@@ -23,8 +23,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One folder for the run's model exports (``tests.models.exported``), shared by pytest-xdist's
-    workers (they inherit it), removed when the process that made it ends."""
+    """One folder for what the run builds once (``tests.models.once_per_run``: the torch exports, the tiny
+    decoder's folders), shared by pytest-xdist's workers (they inherit it), removed when the process that
+    made it ends."""
     if not os.environ.get(EXPORTS_FOLDER):
         os.environ[EXPORTS_FOLDER] = tempfile.mkdtemp(prefix="requant-test-exports-")
         config.stash[_MADE] = os.environ[EXPORTS_FOLDER]

@@ -48,7 +48,9 @@ PAIRS_SATURATE = HOST is ONNXRUNTIME_X86
 # In a fresh interpreter that imports nothing but ONNX Runtime: run one QGEMM, then ask Linux
 # (arch_prctl ARCH_GET_XCOMP_PERM) whether the process may use AMX tile data (XFEATURE 18). MLAS's
 # MlasInitAMX asks for it exactly when CPUID and XCR0 offer AMX-TILE and AMX-INT8, and takes the AMX
-# QGEMM when granted; a kernel before 5.16 answers EINVAL (no AMX for anyone there).
+# QGEMM when granted; a kernel before 5.16 answers EINVAL (no AMX for anyone there). Another library of
+# the process may ask too (NumPy's OpenBLAS on a Sapphire Rapids): then the answer is yes on an AMX CPU
+# whoever asked, so the check can pass there without MLAS, never fail with it.
 _AMX_PROBE = """
 import ctypes, numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper
