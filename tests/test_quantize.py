@@ -1037,3 +1037,28 @@ def test_lint_finds_a_qlinearsoftmax_whose_largest_values_overflow() -> None:
     assert found.softmax_overflows == ["'QLinearSoftmax': output scale 0.0015 over 4 values (finer than 0.001684)"]
     assert not found.clean and "QLinearSoftmax returning 0 for a row's largest probabilities" in found.text()
     assert lint(softmax(1 / 256)).softmax_overflows == []
+
+
+def test_a_model_with_its_weights_in_external_data_quantizes_from_any_folder(tmp_path: Path) -> None:
+    """torch's default export writes ``model.onnx`` and ``model.onnx.data``. Quantized from another folder
+    (ONNX Runtime resolves nothing for a model it gets as bytes: it refused its external data, "escapes
+    working directory", at the first session), it quantizes as the same model with its weights inside; the
+    input files are left as they were."""
+    import onnx
+
+    folder, elsewhere = tmp_path / "export", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    model = onnx.load(str(DIGITS / "digits_cnn.onnx"))
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)  # fmt: skip
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert "model.onnx.data" in before
+    out = tmp_path / "q.onnx"
+    done = subprocess.run([sys.executable, "-m", "requant", "quantize", str(folder / "model.onnx"), "-o", str(out),
+                           "--calib", str(DIGITS / "calib.npz"), "--no-measure"],
+                          cwd=elsewhere, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    inline = requant.api.quantize(DIGITS / "digits_cnn.onnx", DIGITS / "calib.npz", measure=False)
+    assert onnx.load(str(out)).SerializeToString() == ir.to_proto(inline.model).SerializeToString()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -42,7 +42,7 @@ def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> 
     the target's passes run, and computed in float32 when it computes in a half type."""
     if isinstance(source, ir.Model):
         source = source.clone()
-    model = load(source, **load_options)
+    model = _in_memory(load(source, **load_options))
     model, _ = run_passes(model, get_passes("canonicalize"))
     model, rewritten = _target_passes(model, target)
     for value in model.graph.inputs:
@@ -62,6 +62,22 @@ def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> 
             f"activations: its inputs and outputs keep their {kind} types, through Casts)"
         )
     return Loaded(model, rewritten, compute)
+
+
+# ONNX Runtime's sessions of the flow open from bytes (protobuf's limit: 2 GiB), where no folder resolves
+# an external-data reference: ONNX Runtime 1.31 refuses them ("External data path for model loaded from
+# bytes escapes working directory") or, run from the model's folder, writes optimized models that point at it
+_IN_MEMORY_LIMIT = 2 << 30
+
+
+def _in_memory(model: ir.Model) -> ir.Model:
+    """``model`` with weights kept in an external data file (torch's default export writes ``model.onnx.data``)
+    read into memory, where they fit in what a session opened from bytes takes; larger ones stay mapped."""
+    external = [v.const_value for v in model.graph.initializers.values()
+                if isinstance(v.const_value, ir.ExternalTensor)]  # fmt: skip
+    if external and sum(t.nbytes for t in external) < _IN_MEMORY_LIMIT:
+        ir.external_data.load_to_model(model)
+    return model
 
 
 def _target_passes(model: ir.Model, target: Target) -> tuple[ir.Model, list[dict[str, str]]]:
