@@ -118,11 +118,11 @@ def _session(model: ir.Model, names: list[str], optimize: bool = False) -> Itera
         try:
             session = cpu_session(str(Path(folder) / "model.onnx"), options)
         except Exception as exc:  # ONNX Runtime's own exception classes (Fail, InvalidGraph, ...)
-            raise refused(model, exc, "calibration (the model with the values it observes as outputs)") from None
+            raise _refused(model, exc, "calibration (the model with the values it observes as outputs)") from None
         yield session
 
 
-def refused(model: ir.Model, exc: Exception, stage: str) -> CalibrationError:
+def _refused(model: ir.Model, exc: Exception, stage: str) -> CalibrationError:
     """The error for a model requant wrote for ``stage`` that ONNX Runtime refused (``exc``): the node ONNX
     Runtime names, its inputs' element types and shapes as requant knows them, and ONNX Runtime's words.
     The model it came from loaded, so this is requant's fault: said so, to be reported with the model."""

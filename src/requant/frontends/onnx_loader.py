@@ -27,11 +27,13 @@ __all__ = [
     "WORKING_OPSET",
     "LoadError",
     "SaveError",
+    "has_external_data",
     "load_onnx",
     "load_onnx_text",
     "save_bytes",
     "save_onnx",
     "serialized_size",
+    "weight_bytes",
 ]
 
 log = logging.getLogger(__name__)
@@ -247,7 +249,7 @@ def save_onnx(model: ir.Model, path: str | os.PathLike[str], *, external_data: b
     if not target.parent.is_dir():
         raise SaveError(f"cannot save to '{target}': the folder '{target.parent}' does not exist")
     if external_data is None:
-        external_data = _has_external(model) or _weight_bytes(model) > _EXTERNAL_THRESHOLD
+        external_data = has_external_data(model) or weight_bytes(model) > _EXTERNAL_THRESHOLD
     data_name = target.name + ".data"
     try:
         tmp_dir = Path(tempfile.mkdtemp(prefix=".requant-save-", dir=target.parent))
@@ -302,9 +304,11 @@ def _varint_size(n: int) -> int:
     return max(1, (n.bit_length() + 6) // 7)
 
 
-def _has_external(model: ir.Model) -> bool:
+def has_external_data(model: ir.Model) -> bool:
+    """Whether some weight of ``model`` is still in an external data file (mapped, not read)."""
     return any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
 
 
-def _weight_bytes(model: ir.Model) -> int:
+def weight_bytes(model: ir.Model) -> int:
+    """The bytes of ``model``'s initializers."""
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)

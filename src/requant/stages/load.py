@@ -17,6 +17,7 @@ from typing import Any
 import onnx_ir as ir
 
 from requant.frontends import LoadError, load
+from requant.frontends.onnx_loader import has_external_data, weight_bytes
 from requant.ir.annotations import iter_values
 from requant.passes import get_passes, run_passes
 from requant.passes._rewrite import with_opset
@@ -72,10 +73,9 @@ _IN_MEMORY_LIMIT = 2 << 30
 
 def _in_memory(model: ir.Model) -> ir.Model:
     """``model`` with weights kept in an external data file (torch's default export writes ``model.onnx.data``)
-    read into memory, where they fit in what a session opened from bytes takes; larger ones stay mapped."""
-    external = [v.const_value for v in model.graph.initializers.values()
-                if isinstance(v.const_value, ir.ExternalTensor)]  # fmt: skip
-    if external and sum(t.nbytes for t in external) < _IN_MEMORY_LIMIT:
+    read into memory, where all its weights fit in what a session opened from bytes takes; larger ones stay
+    mapped."""
+    if has_external_data(model) and weight_bytes(model) < _IN_MEMORY_LIMIT:
         ir.external_data.load_to_model(model)
     return model
 
