@@ -56,8 +56,13 @@ def predictions(output: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
     sequence: a CTC text recognizer's, a token classifier's), one per position (the argmax of a
     whole ``[T, classes]`` sample says nothing: PP-OCRv4's recognizer's is one of 40 x 6,625)."""
     array = np.asarray(output)
-    rows = array.reshape(-1, array.shape[-1]) if array.ndim == 3 else array.reshape(len(array), -1)
-    return rows.argmax(1)  # type: ignore[no-any-return]
+    return (array.reshape(-1, array.shape[-1]) if array.ndim == 3 else per_sample(array)).argmax(1)  # type: ignore[no-any-return]
+
+
+def per_sample(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``array`` as rows, one per sample along its first axis; a scalar output (PLCMOS's score: a
+    0-d tensor) is one row of one value."""
+    return array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
 
 
 @dataclass
@@ -71,8 +76,8 @@ class _Sums:
     noise: float = 0.0
 
     def add(self, f: npt.NDArray[Any], q: npt.NDArray[Any]) -> None:
-        f2 = f.reshape(len(f), -1).astype(np.float64)
-        q2 = q.reshape(len(q), -1).astype(np.float64)
+        f2 = per_sample(f).astype(np.float64)
+        q2 = per_sample(q).astype(np.float64)
         norms = np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12
         self.cosines.append(np.einsum("ij,ij->i", f2, q2) / norms)
         self.tops_f.append(predictions(f))
@@ -97,7 +102,7 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
         sums.add(outs_f[-1], q)
     reference.outputs = outs_f + known[len(outs_f) :]  # a shorter run keeps what a longer one computed
     top_f, top_q = np.concatenate(sums.tops_f), np.concatenate(sums.tops_q)
-    samples = sum(len(o) for o in outs_f)
+    samples = sum(len(per_sample(o)) for o in outs_f)
     if labels is not None:
         labels = _checked_labels(labels, len(top_f), samples)
     metrics = {
