@@ -88,25 +88,30 @@ def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     detector: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the joins' rule (a target whose table lacks it), the output check finds the scores:
-    their SQNR near 0 dB and nearly every decision changed (the whole output reads 48 dB); the ops
-    between the output and the kernels before it are kept float, and the detections come back."""
+    their SQNR near 0 dB and nearly every decision changed (the whole output reads 48 dB), and, as its
+    users count them, the head's detections after NMS lost; the ops between the output and the kernels
+    before it are kept float, and the detections come back."""
     target = registry.TARGETS["onnxruntime-cpu"]
     without = dataclasses.replace(target, table=dataclasses.replace(target.table, joins={}))
     monkeypatch.setitem(registry.TARGETS, "onnxruntime-cpu", without)
     model, calib, evaluation = detector
     result = requant.quantize(model, calib, eval_data=evaluation, measure=False)
     checked = result.report["outputs"]
-    first = {p["joins"]: p for p in checked["parts"]}
+    first = {p.get("joins", p["part"]): p for p in checked["parts"]}
     assert first["boxes"]["sqnr_db"] > 40 and first["scores"]["flipped"] > 0.9 and first["scores"]["sqnr_db"] < 5
+    assert first["boxes"]["judged_by"] == first["scores"]["judged_by"] == "detections"
+    assert first["detections"]["float_detections"] > 400 and first["detections"]["recall"] < 0.05
     assert checked["held_out"] and checked["samples"] == 32
     remedy = checked["remedy"]
     assert remedy["kept"] and "node_13" in remedy["kept_float"]  # the Concat, and the ops before it
     assert not any(name.startswith("node_1") and name in ("node_10",) for name in remedy["kept_float"])  # no kernel
     assert not checked["poor"]
+    (after,) = [p for p in remedy["parts"] if p["part"] == "detections"]
+    assert after["recall"] >= 0.95 and after["precision"] >= 0.95
     kept, _ = detections(_outputs(model, evaluation), _outputs(result.model, evaluation))
     assert kept >= 0.95
     summary = result.report["summary"].splitlines()
-    assert summary[0].startswith("far from float at first: output 'y' ('scores', scores): ")
+    assert summary[0].startswith("far from float at first: output 'y' (a detector's, decoded with NMS): ")
     assert "ops feeding it kept float" in summary[0]
 
 

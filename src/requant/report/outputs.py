@@ -13,6 +13,11 @@ of the bench's models measure (MobileNetV2's logits 22 dB, PP-OCRv4's detector's
 dB with text IoU 0.93, its recognizer's 14.5 dB reading text as well as float; a classifier's softmax
 changing 9 % of its top decisions is still a working model) and above what a broken one measures (a
 detector head whose scores share the pixels' type: 99 % of decisions changed).
+
+A detector's head (:mod:`requant.report.detections` recognizes YOLO's layouts) is judged by what its users
+count instead: its detections decoded with NMS, float's against int8's. Its box and score parts keep their
+figures (``judged_by: detections``) but the cells crossing a threshold are not the alarm: on Ultralytics'
+YOLOv8n that counted 40 % of cells changed where every detection after NMS was kept.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from requant.report import detections
 
 __all__ = ["DECISION", "MIN_DECISIONS", "POOR_DB", "POOR_FLIPS", "compare_outputs", "poor_parts", "sqnr"]
 
@@ -85,13 +92,24 @@ def compare_outputs(
 
 
 def poor_parts(parts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The parts far from float (see the module's docstring)."""
-    return [p for p in parts if p["sqnr_db"] < POOR_DB
-            or (p["part"] == "scores" and p["decisions"] >= MIN_DECISIONS and p["flipped"] > POOR_FLIPS)]  # fmt: skip
+    """The parts far from float (see the module's docstring); a detection head's boxes and scores are judged
+    by its decoded detections alone (:mod:`requant.report.detections`)."""
+    return [p for p in parts if _poor(p)]
+
+
+def _poor(part: Mapping[str, Any]) -> bool:
+    if part["part"] == "detections":
+        return detections.poor(part)
+    if part.get("judged_by"):
+        return False
+    flips = part["part"] == "scores" and part["decisions"] >= MIN_DECISIONS and part["flipped"] > POOR_FLIPS
+    return bool(part["sqnr_db"] < POOR_DB or flips)
 
 
 def describe(part: Mapping[str, Any]) -> str:
     """One part's figures in words."""
+    if part["part"] == "detections":
+        return detections.describe(part)
     what = f"output '{part['output']}'" + (f" ('{part['joins']}', {part['part']})" if "joins" in part else "")
     if part["part"] == "scores" and part.get("decisions"):
         return (f"{what}: {part['flipped']:.0%} of its {part['decisions']} decisions (scores >= {DECISION:g}) change, "

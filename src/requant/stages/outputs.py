@@ -22,13 +22,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from requant.report import detections
 from requant.report.latency import session
 from requant.report.outputs import Split, compare_outputs, describe, poor_parts
 from requant.runtime import exact_twin
 from requant.stages.choose import CHOICE_SAMPLES
 from requant.stages.run import Flow, Run
 
-__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs", "remedy_record", "worse"]
+__all__ = ["KERNELS", "MAX_REGION", "alarm_lines", "check_outputs", "detection_lines", "remedy_record", "worse"]
 
 log = logging.getLogger("requant")
 
@@ -70,12 +71,42 @@ def _float_runs(
 def _measure(
     run: Run, samples: Sequence[Mapping[str, Any]], floats: list[list[Any]], splits: Mapping[str, Split]
 ) -> list[dict[str, Any]]:
+    """Every output's parts against float's; a detection head's as its detections too (judged by those alone:
+    :mod:`requant.report.detections`)."""
     # the integers requant chose, computed exactly (int32 sums) as on the target's CPUs: a CPU without VNNI
     # saturates full-range weights (the VNNI target's), which lint reports apart
     runner = session(exact_twin(run.converted.proto))
     names = [str(o.name) for o in run.converted.model.graph.outputs]
     ints = [list(runner.run(None, dict(s))) for s in samples]
-    return compare_outputs(names, floats, ints, splits)
+    parts = compare_outputs(names, floats, ints, splits)
+    for head in detections.heads(names, floats):
+        judged = parts_of_head(parts, head, splits)
+        for part in judged:
+            part["judged_by"] = "detections"
+        parts.append(detections.judge(head, floats, ints))
+    return parts
+
+
+def parts_of_head(
+    parts: list[dict[str, Any]], head: detections.Head, splits: Mapping[str, Split]
+) -> list[dict[str, Any]]:
+    """The parts holding a head's boxes and class scores (not a segmentation head's mask coefficients nor an
+    oriented box's angle: those are judged as values)."""
+    scores = range(head.first, head.first + head.classes)
+    split = len(head.names) > 1
+    rows = {head.names[0]: range(4), head.names[-1]: scores} if split else {head.names[0]: range(scores.stop)}
+    found = []
+    for part in parts:
+        if part["output"] not in rows:
+            continue
+        start, taken = 0, rows[part["output"]]
+        for joined, size in splits.get(part["output"], (0, []))[1]:
+            if joined == part.get("joins") and start in taken:
+                found.append(part)
+            start += size
+        if "joins" not in part:
+            found.append(part)
+    return found
 
 
 def _feeding(model: ir.Model, outputs: set[str]) -> list[str]:
@@ -114,9 +145,13 @@ def remedy_record(parts: list[dict[str, Any]], region: list[str], tried: list[di
 
 
 def worse(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
-    """How far from float: poor parts, then the score parts' changed decisions, then the worst SQNR."""
-    flipped = sum(p.get("flipped", 0.0) for p in parts)
-    return len(poor_parts(parts)), flipped, -min((p["sqnr_db"] for p in parts), default=0.0)
+    """How far from float: poor parts, then the score parts' changed decisions (a detector's: the detections
+    it misses or adds), then the worst SQNR (a detector's: its boxes' shift, as a loss in IoU)."""
+    judged = [p for p in parts if p["part"] == "detections"]
+    flipped = sum(p.get("flipped", 0.0) for p in parts if not p.get("judged_by"))
+    flipped += sum(2 - p["recall"] - p["precision"] for p in judged)
+    worst = min((p["sqnr_db"] for p in parts if "sqnr_db" in p and not p.get("judged_by")), default=0.0)
+    return len(poor_parts(parts)), flipped + sum(1 - p["iou"] for p in judged), -worst
 
 
 def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, Any]]:
@@ -156,3 +191,10 @@ def alarm_lines(report: Mapping[str, Any]) -> list[str]:
         done = "kept float" if remedy["kept"] else "tried float (no closer: left int8)"
         lines.append(f"far from float at first: {first}; the {len(kept)} ops feeding it {done} ({ops})")
     return lines
+
+
+def detection_lines(report: Mapping[str, Any]) -> list[str]:
+    """A detector's detections against float's, when they are not already the alarm."""
+    checked = report.get("outputs", {})
+    judged = [p for p in checked.get("parts", []) if p["part"] == "detections" and not detections.poor(p)]
+    return [f"detections: {detections.describe(p)}; on {checked['samples']} held-out samples" for p in judged]

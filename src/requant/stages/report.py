@@ -67,6 +67,7 @@ SUMMARY: tuple[Lines, ...] = (
     convert.encoding_lines,
     convert.lint_lines,  # and the size
     speed.latency_lines,
+    outputs.detection_lines,
     check.evaluation_lines,
     budget.lines,
     convert.bias_lines,

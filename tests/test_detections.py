@@ -1,0 +1,89 @@
+"""A detector's outputs judged as its users count them (issue 52): YOLO heads recognized from float's values,
+detections decoded with NMS, float's matched in int8's; the alarm follows the detections, not the cells."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from requant.report.detections import CONFIDENCE, heads, judge, poor
+from requant.report.outputs import compare_outputs, poor_parts
+
+
+def _head(objects: list[tuple[float, float, float, float, int]], classes: int = 3, anchors: int = 400,
+          seed: int = 0, crowd: int = 6) -> np.ndarray:  # fmt: skip
+    """A ``[1, 4 + classes, anchors]`` head: each object ``(x, y, w, h, class)`` held by ``crowd`` anchors (the
+    best scoring 0.9, its neighbours 0.26 with boxes up to 2.5 px off: NMS folds them into the best one),
+    every other anchor a small box scoring at most 0.1."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((1, 4 + classes, anchors), np.float32)
+    out[0, :4] = rng.uniform(20, 40, (4, anchors))
+    out[0, 4:] = rng.uniform(0, 0.1, (classes, anchors))
+    for k, (x, y, w, h, c) in enumerate(objects):
+        for j in range(crowd):
+            a = k * crowd + j
+            out[0, :4, a] = [x + j / 2, y - j / 2, w, h]
+            out[0, 4 + c, a] = 0.9 if j == 0 else 0.26
+    return out
+
+
+OBJECTS = [(100.0 + 60 * i, 80.0 + 37 * (i % 3), 40.0, 60.0, i % 3) for i in range(6)]
+
+
+def test_heads_are_found_joined_split_transposed_and_with_mask_coefficients() -> None:
+    joined = _head(OBJECTS)
+    masks = np.concatenate([joined, np.random.default_rng(1).normal(size=(1, 32, 400)).astype(np.float32)], 1)
+    proto = np.zeros((1, 32, 40, 40), np.float32)
+    (h,) = heads(["y"], [[joined]])
+    assert (h.boxes, h.scores, h.first, h.classes, h.transposed) == (0, 0, 4, 3, False)
+    (h,) = heads(["y", "protos"], [[masks, proto]])  # segmentation: the coefficients are no classes
+    assert h.classes == 3 and h.names == ("y",)
+    (h,) = heads(["t"], [[joined.transpose(0, 2, 1)]])
+    assert h.transposed and h.classes == 3
+    (h,) = heads(["boxes", "scores"], [[joined[:, :4], joined[:, 4:]]])
+    assert (h.boxes, h.scores, h.first, h.classes) == (0, 1, 0, 3) and h.names == ("boxes", "scores")
+    logits, probabilities = np.zeros((1, 1000), np.float32), np.full((1, 10, 10), 0.5, np.float32)
+    assert heads(["logits", "map", "protos"], [[logits, probabilities, proto]]) == []
+
+
+def test_judge_counts_detections_after_nms_and_the_boxes_shift() -> None:
+    f = _head(OBJECTS)
+    (h,) = heads(["y"], [[f]])
+    same = judge(h, [[f]], [[f.copy()]])
+    assert same["float_detections"] == 6 and same["recall"] == same["precision"] == 1.0 and same["shift_px"] == 0
+    moved = f.copy()
+    moved[0, 0] += 2.0  # every centre 2 px to the right: two of each box's four corners move 2 px
+    shifted = judge(h, [[f]], [[moved]])
+    assert shifted["recall"] == 1.0 and shifted["shift_px"] == pytest.approx(1.0)
+    lost = f.copy()
+    lost[0, 4:, :6] = 0.0  # the first object's anchors all under the confidence
+    other = f.copy()
+    other[0, 4:6, 6:12] = f[0, 4:6, 6:12][::-1]  # the second object read as another class
+    worse = judge(h, [[f]], [[lost]])
+    assert worse["recall"] == pytest.approx(5 / 6, abs=1e-4) and worse["precision"] == 1.0
+    assert judge(h, [[f]], [[other]])["recall"] == pytest.approx(5 / 6, abs=1e-4)
+
+
+def test_cells_crossing_the_threshold_are_no_alarm_when_the_detections_are_kept() -> None:
+    """Every crowd anchor at 0.26 drops to 0.24 in int8: 5 of 6 decisions per object change (the cells' rule
+    called that poor), but NMS kept only the best anchor of each crowd in float: the user sees the same
+    detections, and no alarm fires. Losing every detection does fire it."""
+    samples = [_head(OBJECTS, seed=s) for s in range(4)]
+    ints = [s.copy() for s in samples]
+    for q in ints:
+        q[0, 4:][np.isclose(q[0, 4:], 0.26)] = CONFIDENCE - 0.01
+    names, floats, quantized = ["y"], [[s] for s in samples], [[q] for q in ints]
+    split = {"y": (1, [("boxes", 4), ("scores", 3)])}
+    parts = compare_outputs(names, floats, quantized, split)
+    scores = next(p for p in parts if p.get("joins") == "scores")
+    assert scores["flipped"] > 0.8 and poor_parts([scores])  # the cells' rule alone: an alarm
+    (h,) = heads(names, floats)
+    judged = judge(h, floats, quantized)
+    assert judged["float_detections"] == 24 and judged["recall"] == judged["precision"] == 1.0
+    assert not poor(judged)
+    for p in parts:
+        p["judged_by"] = "detections"
+    assert poor_parts([*parts, judged]) == []
+    gone = [[np.where(np.arange(7)[None, :, None] >= 4, 0.0, q)] for q in ints]
+    lost = judge(h, floats, gone)
+    assert lost["recall"] == 0.0 and poor_parts([*parts, lost]) == [lost]
