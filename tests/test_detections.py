@@ -4,10 +4,13 @@ detections decoded with NMS, float's matched in int8's; the alarm follows the de
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from requant.report.detections import CONFIDENCE, heads, judge, poor
 from requant.report.outputs import compare_outputs, poor_parts
+from requant.targets.bins import in_bin_expectation, kept_float
 
 
 def _head(objects: list[tuple[float, float, float, float, int]], classes: int = 3, anchors: int = 400,
@@ -87,3 +90,34 @@ def test_cells_crossing_the_threshold_are_no_alarm_when_the_detections_are_kept(
     gone = [[np.where(np.arange(7)[None, :, None] >= 4, 0.0, q)] for q in ints]
     lost = judge(h, floats, gone)
     assert lost["recall"] == 0.0 and poor_parts([*parts, lost]) == [lost]
+
+
+def _decode(ramp: np.ndarray) -> ir.Model:
+    """YOLOv8's DFL as Ultralytics exports it: the box logits' Conv (64 channels: 4 sides x 16 bins), Reshape to
+    [1, 4, 16, N], Transpose to [1, 16, 4, N], Softmax over the bins, a 1x1 Conv weighted by ``ramp``; beside it
+    a classifier's Softmax read by a plain Conv."""
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(rng.normal(size=(64, 8, 1, 1)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([1, 4, 16, 100], np.int64), "shape"),
+            numpy_helper.from_array(ramp.astype(np.float32).reshape(1, 16, 1, 1), "ramp"),
+            numpy_helper.from_array(rng.normal(size=(16, 8, 1, 1)).astype(np.float32), "wc")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w"], ["logits"], name="box_conv"),
+             helper.make_node("Reshape", ["logits", "shape"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3], name="transpose"),
+             helper.make_node("Softmax", ["t"], ["p"], axis=1, name="softmax"),
+             helper.make_node("Conv", ["p", "ramp"], ["d"], name="dfl_conv"),
+             helper.make_node("Conv", ["x", "wc"], ["c"], name="class_conv"),
+             helper.make_node("Softmax", ["c"], ["q"], axis=1, name="class_softmax")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 10])],
+                              [helper.make_tensor_value_info("d", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("q", TensorProto.FLOAT, None)], init)  # fmt: skip
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def test_a_box_decode_by_bins_is_found_and_a_classifiers_softmax_is_not() -> None:
+    model = _decode(np.arange(16))
+    found = {str(n.name): in_bin_expectation(n) for n in model.graph}
+    assert [name for name, hit in found.items() if hit] == ["box_conv", "softmax", "dfl_conv"]
+    assert {str(n.name): kept_float(n) for n in model.graph}["box_conv"] is None  # its input is read by another
+    other = _decode(np.arange(16)[::-1])  # not an expectation by the bins' index
+    assert not any(in_bin_expectation(n) for n in other.graph)

@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from requant.frontends import serialized_size
 from requant.quantizers import Quantizer, QuantizerReport
+from requant.quantizers.pattern_quantizer import KEPT_FLOAT_KEY
 from requant.quantizers.placement import Placement, place, price_kept_float
 from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.stages.load import load_model
@@ -73,6 +74,13 @@ def prepare(
     return prepared
 
 
+def _kept_by_table(model: ir.Model, target: Target) -> dict[str, str]:
+    """The nodes the target's table keeps float whole (``SupportTable.float_kernels``), with why."""
+    rule = target.table.float_kernels
+    reasons = {str(n.name): rule(n) for n in model.graph if rule is not None and n.name}
+    return {name: why for name, why in reasons.items() if why}
+
+
 def annotate(
     source: Any,
     quantizer: Quantizer,
@@ -95,7 +103,12 @@ def annotate(
         proto = ir.serde.serialize_model(model) if keep_float else None
         float_model = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
     quantizer, evened = even_out(model, evening, quantizer.for_table(target.table), target)
+    kept = _kept_by_table(model, target)
+    quantizer = quantizer.with_float_nodes(kept) if kept else quantizer
     report = quantizer.quantize(model, strict=strict, presets=target.presets)
+    for node in model.graph:
+        if node.name in kept:
+            node.metadata_props[KEPT_FLOAT_KEY] = kept[node.name]
     report.decomposed[:0] = loaded.decomposed
     report.compute = loaded.compute or report.compute
     return Prepared(model, report, float_model, undo_per_tensor(evened))

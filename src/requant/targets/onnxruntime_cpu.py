@@ -17,6 +17,7 @@ import onnx_ir as ir
 from requant.ir.queries import constant
 from requant.ir.requests import NoQuant, QuantizationSpec
 from requant.ir.traits import WEIGHTED
+from requant.targets.bins import REASON, in_bin_expectation, kept_float
 from requant.targets.constraints import RUNTIME_FLOAT, Join, SameScale
 from requant.targets.decompose import (
     AVERAGE_POOL_AS_DEPTHWISE,
@@ -105,6 +106,9 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         verdict = _check_float_output(match.nodes[0])
         if not verdict.accepted:
             return verdict
+    decoding = next((n for n in match.nodes if in_bin_expectation(n)), None)
+    if decoding is not None and isinstance(config.input_activation, QuantizationSpec):
+        return Reject(REASON, at=decoding)
     if isinstance(config.input_activation, QuantizationSpec) and sums_activations(match):
         return Reject(
             "a sum of two activations (a residual connection) stays float: the kernels that read it "
@@ -230,4 +234,5 @@ ONNXRUNTIME_CPU = SupportTable(
     dict.fromkeys(("MaxPool", "Resize", "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Split"), _DROPS_QDQ),
     lambda node: _check_float_output(node).accepted,
     {"Concat": _CONCAT_FLOAT},
+    kept_float,
 )

@@ -117,6 +117,8 @@ class SupportTable:
     keeps it float: no reader needs it rounded to 8 bits. None: every output is quantized (TOSA).
     ``joins``: the ops that join inputs into one type (a Concat), by op type, and what the target does
     where an input would lose what it says there (:class:`~requant.targets.constraints.Join`).
+    ``float_kernels``: ops the target keeps float whole, their inputs too (as a node named float), with the
+    reason: a YOLO box decode's expectation over bins on ONNX Runtime (:mod:`requant.targets.bins`).
     """
 
     name: str
@@ -126,6 +128,7 @@ class SupportTable:
     same_scale: Mapping[str, SameScale] = field(default_factory=dict)
     float_results: Callable[[ir.Node], bool] | None = None
     joins: Mapping[str, Join] = field(default_factory=dict)
+    float_kernels: Callable[[ir.Node], str | None] | None = None
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))
