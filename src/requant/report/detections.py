@@ -155,9 +155,10 @@ def _match(f: tuple[Array, Array, Array], q: tuple[Array, Array, Array]) -> list
     return pairs
 
 
-def _split(head: Head, sample: Sequence[Any]) -> tuple[Array, Array]:
-    boxes = _rows(sample[head.boxes], head.transposed)[0, :4]
-    scores = _rows(sample[head.scores], head.transposed)[0, head.first : head.first + head.classes]
+def _split(head: Head, sample: Sequence[Any], row: int) -> tuple[Array, Array]:
+    """Batch row ``row`` of a sample's outputs: its ``[4, N]`` boxes and ``[C, N]`` class scores."""
+    boxes = _rows(sample[head.boxes], head.transposed)[row, :4]
+    scores = _rows(sample[head.scores], head.transposed)[row, head.first : head.first + head.classes]
     return boxes, scores
 
 
@@ -168,8 +169,7 @@ def judge(head: Head, floats: Sequence[Sequence[Any]], ints: Sequence[Sequence[A
     ious: list[float] = []
     for f_sample, q_sample in zip(floats, ints, strict=True):
         for row in range(np.shape(f_sample[head.boxes])[0]):
-            f = detect(*_split(head, [np.asarray(v)[row : row + 1] for v in f_sample]))
-            q = detect(*_split(head, [np.asarray(v)[row : row + 1] for v in q_sample]))
+            f, q = detect(*_split(head, f_sample, row)), detect(*_split(head, q_sample, row))
             pairs = _match(f, q)
             found, made, matched = found + len(f[0]), made + len(q[0]), matched + len(pairs)
             shifts += [float(np.abs(f[0][i] - q[0][j]).mean()) for i, j, _ in pairs]

@@ -77,7 +77,9 @@ def prepare(
 def _kept_by_table(model: ir.Model, target: Target) -> dict[str, str]:
     """The nodes the target's table keeps float whole (``SupportTable.float_kernels``), with why."""
     rule = target.table.float_kernels
-    reasons = {str(n.name): rule(n) for n in model.graph if rule is not None and n.name}
+    if rule is None:
+        return {}
+    reasons = {str(n.name): rule(n) for n in model.graph if n.name}
     return {name: why for name, why in reasons.items() if why}
 
 

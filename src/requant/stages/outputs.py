@@ -69,25 +69,25 @@ def _float_runs(
 
 
 def _measure(
-    run: Run, samples: Sequence[Mapping[str, Any]], floats: list[list[Any]], splits: Mapping[str, Split]
-) -> list[dict[str, Any]]:
-    """Every output's parts against float's; a detection head's as its detections too (judged by those alone:
-    :mod:`requant.report.detections`)."""
+    run: Run, samples: Sequence[Mapping[str, Any]], floats: list[list[Any]], splits: Mapping[str, Split],
+    heads: Sequence[detections.Head],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Every output's parts against float's; a detection head's (``heads``, found once in float's outputs) as its
+    detections too, its box and score parts judged by those alone (:mod:`requant.report.detections`)."""
     # the integers requant chose, computed exactly (int32 sums) as on the target's CPUs: a CPU without VNNI
     # saturates full-range weights (the VNNI target's), which lint reports apart
     runner = session(exact_twin(run.converted.proto))
     names = [str(o.name) for o in run.converted.model.graph.outputs]
     ints = [list(runner.run(None, dict(s))) for s in samples]
     parts = compare_outputs(names, floats, ints, splits)
-    for head in detections.heads(names, floats):
-        judged = parts_of_head(parts, head, splits)
-        for part in judged:
+    for head in heads:
+        for part in _parts_of_head(parts, head, splits):
             part["judged_by"] = "detections"
         parts.append(detections.judge(head, floats, ints))
     return parts
 
 
-def parts_of_head(
+def _parts_of_head(
     parts: list[dict[str, Any]], head: detections.Head, splits: Mapping[str, Split]
 ) -> list[dict[str, Any]]:
     """The parts holding a head's boxes and class scores (not a segmentation head's mask coefficients nor an
@@ -97,14 +97,12 @@ def parts_of_head(
     rows = {head.names[0]: range(4), head.names[-1]: scores} if split else {head.names[0]: range(scores.stop)}
     found = []
     for part in parts:
-        if part["output"] not in rows:
+        taken = rows.get(part["output"])
+        if taken is None:
             continue
-        start, taken = 0, rows[part["output"]]
-        for joined, size in splits.get(part["output"], (0, []))[1]:
-            if joined == part.get("joins") and start in taken:
-                found.append(part)
-            start += size
-        if "joins" not in part:
+        joined = splits.get(part["output"], (0, []))[1]
+        starts = dict(zip([name for name, _ in joined], np.cumsum([0, *(size for _, size in joined)]), strict=False))
+        if "joins" not in part or starts[part["joins"]] in taken:
             found.append(part)
     return found
 
@@ -160,7 +158,8 @@ def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, A
     samples = flow.samples.head(model, held_out or CHOICE_SAMPLES)
     assert run.float_proto is not None  # kept for the checks
     floats, splits = _float_runs(run.float_proto, samples)
-    parts = _measure(run, samples, floats, splits)
+    heads = detections.heads([str(o.name) for o in model.graph.outputs], floats)
+    parts = _measure(run, samples, floats, splits, heads)
     record: dict[str, Any] = {"samples": len(samples), "held_out": bool(held_out), "parts": parts}
     poor = poor_parts(parts)
     region = _feeding(model, {p["output"] for p in poor}) if poor and not flow.target.integer_only else []
@@ -170,7 +169,7 @@ def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, A
     if region:
         log.warning("%s; keeping the %d ops feeding it float and quantizing again", describe(poor[0]), len(region))
         other = flow.again(run, region)
-        tried = _measure(other, samples, floats, splits)
+        tried = _measure(other, samples, floats, splits, heads)
         record["remedy"] = remedy_record(parts, region, tried)
         if record["remedy"]["kept"]:
             run, poor = other, poor_parts(tried)

@@ -47,6 +47,9 @@ def _ramp(node: ir.Node) -> bool:
     if node.op_type not in RAMP_OPS or node.domain not in ("", "ai.onnx"):
         return False
     for value in node.inputs[1:2] if node.op_type != "Mul" else node.inputs[:2]:
+        shape = value.shape if value is not None else None
+        if shape is not None and sum(d != 1 for d in shape) > 1:  # a ramp is a vector: no weight matrix is read
+            continue
         weights = constant(value)
         if weights is not None and weights.size >= MIN_BINS:
             flat = weights.reshape(-1)

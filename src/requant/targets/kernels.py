@@ -123,16 +123,23 @@ def softmax_length(dims: list[int | None], axis: int | None, opset: int) -> int 
     return math.prod(d for d in along if d is not None) if all(isinstance(d, int) for d in along) else None
 
 
+# the kernels that pick no VNNI or AMX path (MLAS's own depthwise kernel; uint8 x uint8 and int8 x int8, which
+# the u8s8 dispatch never takes): the same int32 sums on every x86-64 CPU class
+_DEPTHWISE = KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True)
+_SAME_SIGNS = (
+    KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
+    KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
+)
+
 ONNXRUNTIME_X86 = KernelModel(
     "ONNX Runtime x86-64 without VNNI",
     "x86-64 CPUs with AVX2 or AVX-512 but no VNNI (AMD before Zen 4, Intel before Cascade Lake / Ice Lake)",
     (
-        KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True),
+        _DEPTHWISE,
         KernelRule("QLinearConv (MLAS ConvSym / QGEMM, vpmaddubsw)", _CONV, INT16_PAIRS, "u8", "i8"),
         KernelRule("QGemm, MatMulIntegerToFloat, QLinearMatMul (QGEMM, vpmaddubsw)", _LINEAR, INT16_PAIRS, "u8", "i8"),
         KernelRule("DynamicQuantizeLSTM (QGEMM, vpmaddubsw)", _LSTM, INT16_PAIRS, "u8", "i8"),
-        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
-        KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
+        *_SAME_SIGNS,
     ),
     QLINEAR_SOFTMAX_OVERFLOW,
 )
@@ -149,12 +156,11 @@ ONNXRUNTIME_X86_AMX = KernelModel(
     "ONNX Runtime x86-64 with AMX",
     "x86-64 CPUs with AMX-INT8 (Intel Sapphire Rapids and later): VNNI's exact int32 sums, the GEMMs on AMX tiles",
     (
-        KernelRule("QLinearConv depthwise (MLAS depthwise kernel)", _CONV, INT32, depthwise=True),
+        _DEPTHWISE,
         KernelRule("QLinearConv (MLAS ConvSym, vpdpbusd; or an im2col QGEMM on AMX tiles)", _CONV, INT32, "u8", "i8"),
         KernelRule("QGemm, MatMulIntegerToFloat, QLinearMatMul (QGEMM, AMX tdpbusd)", _LINEAR, INT32, "u8", "i8"),
         KernelRule("DynamicQuantizeLSTM (QGEMM, AMX tdpbusd)", _LSTM, INT32, "u8", "i8"),
-        KernelRule("uint8 x uint8 (MLAS U8U8, vpmaddwd)", _CONV | _LINEAR | _LSTM, INT32, "u8", "u8"),
-        KernelRule("int8 x int8 (MLAS portable kernel)", _CONV | _LINEAR, INT32, "i8", "i8"),
+        *_SAME_SIGNS,
     ),
     QLINEAR_SOFTMAX_OVERFLOW,
 )

@@ -106,10 +106,11 @@ def _check(match: Match, config: QuantizationConfig) -> Verdict:
         verdict = _check_float_output(match.nodes[0])
         if not verdict.accepted:
             return verdict
-    decoding = next((n for n in match.nodes if in_bin_expectation(n)), None)
-    if decoding is not None and isinstance(config.input_activation, QuantizationSpec):
+    quantized_input = isinstance(config.input_activation, QuantizationSpec)
+    decoding = next((n for n in match.nodes if in_bin_expectation(n)), None) if quantized_input else None
+    if decoding is not None:
         return Reject(REASON, at=decoding)
-    if isinstance(config.input_activation, QuantizationSpec) and sums_activations(match):
+    if quantized_input and sums_activations(match):
         return Reject(
             "a sum of two activations (a residual connection) stays float: the kernels that read it "
             "quantize it, the stream itself is not rounded at every block (MobileNetV2 KL to float "
