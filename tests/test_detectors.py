@@ -120,6 +120,22 @@ def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     assert "ops feeding it kept float" in summary[0]
 
 
+def test_a_split_head_far_from_float_gets_the_ops_feeding_both_its_outputs_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head sliced into a boxes and a scores output, without the joins' rule: its detections, judged over
+    both outputs, are lost (0 of 832 found); the remedy keeps float the ops feeding both, and they come back."""
+    target = registry.TARGETS["onnxruntime-cpu"]
+    without = dataclasses.replace(target, table=dataclasses.replace(target.table, joins={}))
+    monkeypatch.setitem(registry.TARGETS, "onnxruntime-cpu", without)
+    images = noise_images(96)
+    result = requant.quantize(make_detector(split=True), images[:64], measure=False)
+    checked = result.report["outputs"]
+    (first,) = [p for p in checked["parts"] if p["part"] == "detections"]
+    assert first["outputs"] == ["box_out", "score_out"] and first["recall"] < 0.05
+    assert checked["remedy"]["kept"] and not checked["poor"]
+    (after,) = [p for p in checked["remedy"]["parts"] if p["part"] == "detections"]
+    assert after["recall"] >= 0.95 and after["precision"] >= 0.95
+
+
 def _drowned(tmp_path: Path) -> tuple[Path, Path]:
     """y = Sigmoid(100 x W - 2): the input's informative channels (0.01) beside one of +-1000 that W does
     not read; one int8 type for the input rounds them all to 0 (y = 0.12: every decision lost), and no

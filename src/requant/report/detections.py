@@ -175,7 +175,7 @@ def judge(head: Head, floats: Sequence[Sequence[Any]], ints: Sequence[Sequence[A
             shifts += [float(np.abs(f[0][i] - q[0][j]).mean()) for i, j, _ in pairs]
             ious += [iou for _, _, iou in pairs]
     return {
-        "output": " + ".join(head.names), "part": "detections", "classes": head.classes,
+        "output": " + ".join(head.names), "outputs": list(head.names), "part": "detections", "classes": head.classes,
         "float_detections": found, "int8_detections": made,
         "recall": round(matched / found, 4) if found else 1.0,
         "precision": round(matched / made, 4) if made else 1.0,

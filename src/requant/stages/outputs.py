@@ -162,7 +162,8 @@ def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, A
     parts = _measure(run, samples, floats, splits, heads)
     record: dict[str, Any] = {"samples": len(samples), "held_out": bool(held_out), "parts": parts}
     poor = poor_parts(parts)
-    region = _feeding(model, {p["output"] for p in poor}) if poor and not flow.target.integer_only else []
+    far = {name for p in poor for name in p.get("outputs", [p["output"]])}  # a split head's: both its outputs
+    region = _feeding(model, far) if poor and not flow.target.integer_only else []
     if poor and flow.target.integer_only:
         record["remedy"] = None  # nothing can be kept float on an integer-only target
         log.warning("%s; %s is integer-only: nothing can be kept float", describe(poor[0]), flow.target.name)
