@@ -96,3 +96,53 @@ def test_plcmos_whose_output_is_a_scalar_quantizes_and_keeps_its_mos() -> None:
         got = np.mean([quantized.run(None, {"degraded_audio": features, "rater_embed": r}) for r in raters])
         assert np.shape(quantized.run(None, {"degraded_audio": features, "rater_embed": raters[0]})[0]) == ()
         assert abs(got - want) < 0.25, (got, want)
+
+
+def _tiny_vits(path: Path) -> None:
+    """A text-to-speech VITS (transformers' architecture, random weights, a tenth of MMS-TTS's widths) exported
+    as users export one: torch's TorchScript exporter, opset 15, dynamic batch and text length."""
+    import torch
+    from transformers import VitsConfig, VitsModel
+
+    torch.manual_seed(0)
+    config = VitsConfig(
+        vocab_size=40, hidden_size=96, num_hidden_layers=2, num_attention_heads=2, ffn_dim=256, flow_size=96,
+        spectrogram_bins=65, upsample_initial_channel=64, upsample_rates=[8, 8], upsample_kernel_sizes=[16, 16],
+        resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]], prior_encoder_num_flows=2,
+        duration_predictor_num_flows=2, window_size=4,
+    )  # fmt: skip
+    vits = VitsModel(config).eval()
+
+    class Waveform(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vits = vits
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.vits(input_ids=input_ids).waveform
+
+    torch.onnx.export(
+        Waveform(), (torch.randint(1, 40, (1, 20)),), str(path), opset_version=15, dynamo=False,
+        input_names=["input_ids"], output_names=["waveform"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "text"}, "waveform": {0: "batch", 1: "samples"}},
+    )  # fmt: skip
+
+
+def test_a_vits_text_to_speech_model_drawing_noise_with_a_waveform_as_long_as_its_durations_quantizes() -> None:
+    """A VITS draws noise (two RandomNormalLike without a seed) and its waveform is as long as the durations
+    it predicts, so int8's can be longer or shorter than float's: the comparisons crashed ('operands could not
+    be broadcast together'). It quantizes with the defaults; the noise is the same for float and int8 while
+    requant compares them, the written model draws as the export did, and ONNX Runtime runs it."""
+    from tests.models import once_per_run
+
+    model = once_per_run("vits_tiny.onnx", _tiny_vits)
+    rng = np.random.default_rng(0)
+    samples = [{"input_ids": rng.integers(1, 40, (1, int(n))).astype(np.int64)} for n in rng.integers(12, 30, 10)]
+    result = requant.quantize(str(model), samples[:6], eval_data=samples[6:], measure=False)
+    assert len(result.report["quantizers"]["random_seeded"]) == 2
+    assert result.report["evaluation"]["samples"] == 4
+    written = ir.to_proto(result.model)
+    assert all(a.name != "seed" for n in written.graph.node if n.op_type == "RandomNormalLike" for a in n.attribute)
+    session = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
+    (waveform,) = session.run(None, samples[0])
+    assert waveform.ndim == 2 and waveform.shape[1] > 1000 and np.isfinite(waveform).all()

@@ -21,6 +21,7 @@ from requant.backends.tosa import TosaProgram
 from requant.backends.tosa.mlir import to_mlir
 from requant.calibration.samples import KEEP_SAMPLES, Samples
 from requant.errors import RequantError
+from requant.ir.random_ops import unseeded
 from requant.options import OPTIONS, Options, preflight
 from requant.report.agreement import Reference
 from requant.runtime import one_blas_thread
@@ -122,7 +123,7 @@ def quantize_onnx(model: Any, calibration_data: Any, options: Options, started: 
     program, lowered = lower(flow, run, evaluation, reference)
     report.update(lowered)
     report["summary"] = summary(report)
-    return QuantizedModel(run.converted.model, report, program)
+    return QuantizedModel(unseeded(run.converted.model), report, program)  # draws as the user's model did
 
 
 def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:

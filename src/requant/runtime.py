@@ -7,6 +7,12 @@ global thread pool"). requant's sessions (calibration, bias correction, lint, la
 that pool instead of failing. ONNX Runtime prints its refusal on standard output before raising;
 that first attempt's print is swallowed, and once seen, sessions go to the pool directly.
 
+Another: a model requant wrote that ONNX Runtime refuses is a :class:`SessionError`, never ONNX Runtime's
+traceback. It names the stage that opened the session (:func:`in_stage`), the node ONNX Runtime names, and
+each input of that node with the shape the model declares and, where they differ, the shape its graph
+computes (ONNX's inference over the model without its declared inner shapes): a rewrite that gave a value
+a shape or rank its graph does not compute is how requant's own models got refused.
+
 A second: NumPy's BLAS computes on one thread while requant alternates it with ONNX Runtime
 (:func:`one_blas_thread`). OpenBLAS's threads keep spinning after a product, on the cores ONNX
 Runtime's runs need next: calibrating EfficientNet-Lite0 with the second moments of its kernels'
@@ -16,8 +22,10 @@ inputs, ONNX Runtime's runs took 6.5 s instead of 4.4 and the products 1.2 s ins
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import io
+import re
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -25,10 +33,37 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["cpu_session", "exact_twin", "one_blas_thread"]
+from requant.errors import RequantError
+
+__all__ = ["SessionError", "cpu_session", "exact_twin", "in_stage", "one_blas_thread"]
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+class SessionError(RequantError):
+    """ONNX Runtime refused a model requant wrote for it (a session of a stage: calibration, a check)."""
+
+
+_stage: contextvars.ContextVar[str] = contextvars.ContextVar("requant_stage", default="")
+
+
+def in_stage(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """A decorator: the sessions ``function`` opens belong to stage ``name`` (what a refusal names)."""
+
+    def decorate(function: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(function)
+        def staged(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            token = _stage.set(name)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _stage.reset(token)
+
+        return staged
+
+    return decorate
 
 
 def one_blas_thread(function: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -48,8 +83,19 @@ _GLOBAL_POOL_ERROR = "use_per_session_threads must be false"
 _global_pool: list[bool] = []  # set once this process is known to have ONNX Runtime's global pool
 
 
-def cpu_session(source: Any, options: Any) -> Any:
-    """An ``InferenceSession`` on the CPU provider for ``source`` (a path or serialized bytes)."""
+def cpu_session(source: Any, options: Any, stage: str = "", *, written: bool = True) -> Any:
+    """An ``InferenceSession`` on the CPU provider for ``source`` (a path or serialized bytes); a refusal is a
+    :class:`SessionError` naming ``stage`` (else the stage running: :func:`in_stage`), the node and its inputs.
+    ``written`` False: the model is the user's as given (lint's), not one requant wrote."""
+    try:
+        return _opened(source, options)
+    except RequantError:
+        raise
+    except Exception as exc:  # ONNX Runtime's own exception classes (Fail, InvalidGraph, NotImplemented, ...)
+        raise SessionError(refusal(source, exc, stage or _stage.get() or "a session", written)) from None
+
+
+def _opened(source: Any, options: Any) -> Any:
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     if _global_pool:
@@ -63,7 +109,62 @@ def cpu_session(source: Any, options: Any) -> Any:
         if _GLOBAL_POOL_ERROR not in str(exc):
             raise
         _global_pool.append(True)
-        return cpu_session(source, options)
+        return _opened(source, options)
+
+
+def refusal(source: Any, exc: Exception, stage: str, written: bool = True) -> str:
+    """What to say when ONNX Runtime refuses ``source`` (a path or bytes) with ``exc`` in ``stage``; ``written``:
+    requant wrote it (else it is the user's model as given)."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = re.sub(r"Load model from \S+ failed: ?", "", message)  # a temporary file, gone by now
+    named = re.search(r"Node \(([^)]*)\)|node '([^']+)'|Name:'([^']+)'", message)
+    where = ""
+    if named:
+        try:
+            proto = onnx.load(source, load_external_data=False) if not isinstance(source, bytes) else (
+                onnx.ModelProto.FromString(source))  # fmt: skip
+            where = _node_inputs(proto, next(g for g in named.groups() if g))
+        except Exception:  # the diagnosis is a courtesy: ONNX Runtime's words are said whatever happens here
+            where = ""
+    if not written:
+        return f"{stage}: ONNX Runtime could not load the model{where}: {message}"
+    return (
+        f"{stage}: ONNX Runtime refused the model requant wrote for it{where}: {message}. Unless the model given "
+        "does not load in ONNX Runtime either, this is requant's fault: please report it with the model"
+    )
+
+
+def _node_inputs(proto: onnx.ModelProto, name: str) -> str:
+    """`` at OP 'name' (its inputs: x: declared [dims], the graph computes [dims]; ...)``, or ``""``."""
+    node = next((n for n in proto.graph.node if n.name == name), None)
+    if node is None:
+        return ""
+    declared = _shapes(proto.graph)
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    del bare.graph.value_info[:]
+    computed = _shapes(onnx.shape_inference.infer_shapes(bare, strict_mode=False, data_prop=True).graph)
+    inputs = []
+    for value in filter(None, node.input):
+        said = f"{value}: {declared.get(value) or computed.get(value) or '?'}"
+        if value in computed and value in declared and computed[value] != declared[value]:
+            said += f", but its graph computes {computed[value]}: this value's declared shape is wrong"
+        inputs.append(said)
+    return f" at {node.op_type} '{name}' (its inputs: {'; '.join(inputs)})"
+
+
+def _shapes(graph: onnx.GraphProto) -> dict[str, str]:
+    """Each value's shape as the graph declares it (``[2, N]``; ``?`` an unknown dimension), constants' too."""
+    found = {t.name: str(list(t.dims)) for t in graph.initializer}
+    for node in graph.node:  # Constant nodes' values
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            found[node.output[0]] = str(list(node.attribute[0].t.dims))
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in
+                    info.type.tensor_type.shape.dim]  # fmt: skip
+            found[info.name] = "[" + ", ".join(dims) + "]"
+    return found
 
 
 def exact_twin(model: onnx.ModelProto) -> onnx.ModelProto:

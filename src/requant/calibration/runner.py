@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from requant.calibration.data import Sample, model_inputs
 from requant.calibration.observers import CalibrationError, Observer
 from requant.calibration.samples import HeldOut, Samples, iter_samples
-from requant.ir.queries import constant, graph_values, static_elements
+from requant.ir.queries import graph_values, static_elements
 from requant.runtime import cpu_session
 
 __all__ = ["Kept", "Progress", "collect", "terminal_progress"]
@@ -115,38 +114,9 @@ def _session(model: ir.Model, names: list[str], optimize: bool = False) -> Itera
         finally:
             for _ in added:  # one by one: onnx-ir 1.1's slice deletion leaves the values marked as outputs
                 graph.outputs.pop()
-        try:
-            session = cpu_session(str(Path(folder) / "model.onnx"), options)
-        except Exception as exc:  # ONNX Runtime's own exception classes (Fail, InvalidGraph, ...)
-            raise _refused(model, exc, "calibration (the model with the values it observes as outputs)") from None
+        stage = "calibration (the model with the values it observes as outputs)"
+        session = cpu_session(str(Path(folder) / "model.onnx"), options, stage)
         yield session
-
-
-def _refused(model: ir.Model, exc: Exception, stage: str) -> CalibrationError:
-    """The error for a model requant wrote for ``stage`` that ONNX Runtime refused (``exc``): the node ONNX
-    Runtime names, its inputs' element types and shapes as requant knows them, and ONNX Runtime's words.
-    The model it came from loaded, so this is requant's fault: said so, to be reported with the model."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    message = re.sub(r"Load model from \S+ failed: ?", "", message)  # the temporary file, gone by now
-    named = re.search(r"Node \(([^)]*)\)", message)
-    node = next((n for n in model.graph if named and n.name == named.group(1)), None)
-    where = ""
-    if node is not None:
-        inputs = ", ".join(_described(v) for v in node.inputs if v is not None)
-        where = f" at {node.op_type} '{node.name}' (its inputs as requant has them: {inputs})"
-    return CalibrationError(
-        f"{stage}: ONNX Runtime refused the model requant wrote{where}: {message}. The model given loads, so this "
-        "is requant's fault; please report it with the model"
-    )
-
-
-def _described(value: ir.Value) -> str:
-    """``name: TYPE[dims]`` of a value as requant's graph has it (a constant's from its data), ``?`` unknown."""
-    data = constant(value)
-    if data is not None:
-        return f"{value.name}: {ir.DataType.from_numpy(data.dtype).name}{list(data.shape)}"
-    dims = list(value.shape) if value.shape is not None else "?"
-    return f"{value.name}: {value.dtype.name if value.dtype is not None else '?'}{dims}"
 
 
 def _sizes(model: ir.Model, names: list[str]) -> dict[str, int]:

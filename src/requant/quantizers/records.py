@@ -63,6 +63,7 @@ class QuantizerReport:
     not_decomposed: list[dict[str, str]] = field(default_factory=list)
     preset_choice: str = ""  # why the global preset is the one it is, when requant chose it
     compute: str = ""  # a change of the model's float type before quantizing, and why
+    random_seeded: list[str] = field(default_factory=list)  # random ops seeded while requant works (ir.random_ops)
     # groups of int8 ops between kernels, where they run and their modelled costs (quantizers.placement)
     placements: list[dict[str, Any]] = field(default_factory=list)
 
@@ -70,6 +71,7 @@ class QuantizerReport:
         return {
             "preset_choice": self.preset_choice,
             "compute": self.compute,
+            "random_seeded": self.random_seeded,
             "decomposed": self.decomposed,
             "not_decomposed": self.not_decomposed,
             "placements": self.placements,

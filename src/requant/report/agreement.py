@@ -18,7 +18,7 @@ from requant.calibration.observers import CalibrationError
 from requant.calibration.samples import iter_samples, split_labels
 from requant.report.latency import session
 
-__all__ = ["Reference", "agreement", "predictions"]
+__all__ = ["Reference", "agreement", "overlap", "predictions"]
 
 
 @dataclass
@@ -65,6 +65,17 @@ def per_sample(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
 
 
+def overlap(f: npt.NDArray[Any], q: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """``f`` and ``q`` cut to the extent they share along each axis. A model whose output's size depends
+    on what it computes (a text-to-speech model's waveform, as long as its predicted durations) can give
+    int8 a shape other than float's; their figures then compare what both computed."""
+    f, q = np.asarray(f), np.asarray(q)
+    if f.shape == q.shape or f.ndim != q.ndim:
+        return f, q
+    common = tuple(slice(0, min(a, b)) for a, b in zip(f.shape, q.shape, strict=True))
+    return f[common], q[common]
+
+
 @dataclass
 class _Sums:
     """What :func:`agreement` adds up over the samples."""
@@ -74,8 +85,14 @@ class _Sums:
     tops_q: list[npt.NDArray[Any]]
     energy: float = 0.0
     noise: float = 0.0
+    reshaped: int = 0  # samples whose int8 output's shape is not float's
 
     def add(self, f: npt.NDArray[Any], q: npt.NDArray[Any]) -> None:
+        if np.shape(f) != np.shape(q):
+            self.reshaped += 1
+            f, q = overlap(f, q)
+            if f.shape != q.shape:
+                raise CalibrationError(f"the quantized model's first output has rank {q.ndim}, float's {f.ndim}")
         f2 = per_sample(f).astype(np.float64)
         q2 = per_sample(q).astype(np.float64)
         norms = np.linalg.norm(f2, axis=1) * np.linalg.norm(q2, axis=1) + 1e-12
@@ -111,6 +128,8 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
         "cosine_similarity": float(np.mean(np.concatenate(sums.cosines))),
         "sqnr_db": float(10 * np.log10(sums.energy / sums.noise)) if sums.noise > 0 else float("inf"),
     }
+    if sums.reshaped:  # compared on the extent both computed (overlap)
+        metrics["shapes_differ"] = float(sums.reshaped)
     if labels is not None:
         metrics["float_accuracy"] = float(np.mean(top_f == labels))
         metrics["int8_accuracy"] = float(np.mean(top_q == labels))

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from requant.report import detections
+from requant.report.agreement import overlap
 
 __all__ = ["DECISION", "MIN_DECISIONS", "POOR_DB", "POOR_FLIPS", "compare_outputs", "poor_parts", "sqnr"]
 
@@ -74,13 +75,17 @@ def compare_outputs(
     ``o``; ``splits``: the outputs a Concat joins, and from what."""
     found = []
     for o, name in enumerate(names):
+        pairs = [overlap(f[o], q[o]) for f, q in zip(floats, ints, strict=True)]  # the extent both computed
+        reshaped = sum(np.shape(f[o]) != np.shape(q[o]) for f, q in zip(floats, ints, strict=True))
         for joined, index in _cuts(np.shape(floats[0][o]), splits.get(name)):
-            pf = np.concatenate([np.asarray(sample[o])[index].reshape(-1) for sample in floats])
-            pq = np.concatenate([np.asarray(sample[o])[index].reshape(-1) for sample in ints])
+            pf = np.concatenate([f[index].reshape(-1) for f, _ in pairs])
+            pq = np.concatenate([q[index].reshape(-1) for _, q in pairs])
             kind = "scores" if pf.size and np.isfinite(pf).all() and pf.min() >= 0 and pf.max() <= 1 else "values"
             part: dict[str, Any] = {"output": name, "part": kind, "sqnr_db": round(sqnr(pf, pq), 2)}
             if joined:
                 part["joins"] = joined
+            if reshaped:
+                part["shapes_differ"] = reshaped
             if kind == "scores":
                 df, dq = pf >= DECISION, pq >= DECISION
                 decided = int(df.sum())
@@ -111,6 +116,8 @@ def describe(part: Mapping[str, Any]) -> str:
     if part["part"] == "detections":
         return detections.describe(part)
     what = f"output '{part['output']}'" + (f" ('{part['joins']}', {part['part']})" if "joins" in part else "")
+    if part.get("shapes_differ"):
+        what += f" (its shape differs from float's in {part['shapes_differ']} samples: compared where both computed)"
     if part["part"] == "scores" and part.get("decisions"):
         return (f"{what}: {part['flipped']:.0%} of its {part['decisions']} decisions (scores >= {DECISION:g}) change, "
                 f"{part['kept']:.0%} kept; SQNR {part['sqnr_db']:.1f} dB")  # fmt: skip

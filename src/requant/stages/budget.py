@@ -35,6 +35,7 @@ from requant.report.budget import (
     int8_kernels,
 )
 from requant.report.latency import session
+from requant.runtime import in_stage
 from requant.stages.run import Flow, Run
 
 __all__ = ["RANKING_SAMPLES", "budget_line", "keep_float_below", "within_budget"]
@@ -44,6 +45,7 @@ log = logging.getLogger("requant")
 RANKING_SAMPLES = 64  # the calibration samples the budget's ranking measures each kernel's effect on
 
 
+@in_stage("keep-float-below (kernels far from float kept float)")
 def keep_float_below(flow: Flow, run: Run) -> tuple[Run, dict[str, Any]]:
     """``run``, or a run with the kernels below ``keep_float_below`` dB kept float; the record."""
     threshold = flow.options.keep_float_below
@@ -127,6 +129,7 @@ class _Search:
         return self.priced[family, k]
 
 
+@in_stage("accuracy budget (kernels kept float until the drop is within it)")
 def within_budget(flow: Flow, run: Run, evaluation: Any, reference: Reference) -> tuple[Run, dict[str, Any], list[Run]]:
     """The run whose kernels kept float bring the drop within ``max_drop`` at the least modelled latency
     (without a cost model, the fewest kernels), the budget's record (every try) and every try's run,

@@ -18,6 +18,7 @@ from requant.calibration.samples import split_labels
 from requant.report.agreement import Reference, agreement
 from requant.report.compare import CompareError, compare
 from requant.report.latency import session
+from requant.runtime import in_stage
 from requant.stages.run import Flow, Run
 
 __all__ = ["TENSOR_SAMPLES", "check", "evaluation_lines"]
@@ -27,6 +28,7 @@ log = logging.getLogger("requant")
 TENSOR_SAMPLES = 16  # the evaluation samples every quantized tensor is compared on, for the report
 
 
+@in_stage("evaluation (the quantized model against float on the evaluation data)")
 def check(flow: Flow, run: Run, evaluation: Any, reference: Reference) -> dict[str, Any]:
     """The report's ``evaluation`` and ``tensors``, with evaluation data."""
     found: dict[str, Any] = {}
@@ -56,5 +58,7 @@ def evaluation_lines(report: Mapping[str, Any]) -> list[str]:
     out.append(
         f"agreement with float: top-1 {ev['top1_agreement']:.4f}, cosine {ev['cosine_similarity']:.5f}, "
         f"SQNR {ev['sqnr_db']:.1f} dB"
-    )
+        + (f" (in {int(ev['shapes_differ'])} samples the first output's shape is not float's: compared where both "
+           "computed)" if ev.get("shapes_differ") else "")
+    )  # fmt: skip
     return out

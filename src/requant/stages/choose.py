@@ -30,6 +30,7 @@ from requant.encoding.weight_encoding import EncodingMemo
 from requant.report.agreement import Reference, agreement
 from requant.report.latency import session
 from requant.report.markdown import method_summary
+from requant.runtime import in_stage
 from requant.stages.convert import SKETCH_SAMPLES, Converted, Staged, finish, sketch, stage
 from requant.stages.run import Flow, Run
 
@@ -65,6 +66,7 @@ class Comparison:
         }
 
 
+@in_stage("method choice (each candidate calibrated, converted and compared with float)")
 def choose_method(flow: Flow) -> tuple[Run, dict[str, Any]]:
     """The run of the method closest to float, and the record of the choice; ``flow.method`` is set to
     it, and ``flow.correcting`` to whether its biases stayed corrected."""

@@ -4,7 +4,8 @@ float16 or bfloat16 model computed in float32 (ONNX Runtime's CPU int8 kernels t
 Reads: the model source, the target, the front door's options (``fixed_inputs``, a PyTorch module's
 ``example_inputs``). Adds: the model every later stage works on. Records: what the target's passes
 rewrote (``quantizers.decomposed``, beside the quantizers' own decompositions) and the float type the
-model computes in (``quantizers.compute``).
+model computes in (``quantizers.compute``), and the random ops it gave a seed while requant works on the model
+(``quantizers.random_seeded``: :mod:`requant.ir.random_ops`; the written model draws as the user's).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import onnx_ir as ir
 from requant.frontends import LoadError, load
 from requant.frontends.onnx_loader import has_external_data, weight_bytes
 from requant.ir.annotations import iter_values
+from requant.ir.random_ops import seeded
 from requant.passes import get_passes, run_passes
 from requant.passes._rewrite import with_opset
 from requant.passes.compute_in_float32 import HALF
@@ -36,6 +38,7 @@ class Loaded:
     model: ir.Model
     decomposed: list[dict[str, str]] = field(default_factory=list)  # what the target's passes rewrote
     compute: str = ""  # the float type the model computes in, when requant changed it
+    seeded: list[str] = field(default_factory=list)  # random ops given a seed (requant.ir.random_ops)
 
 
 def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> Loaded:
@@ -62,7 +65,7 @@ def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> 
             f"float32 (the model computed in {kind}; ONNX Runtime's CPU int8 kernels take float32 scales and "
             f"activations: its inputs and outputs keep their {kind} types, through Casts)"
         )
-    return Loaded(model, rewritten, compute)
+    return Loaded(model, rewritten, compute, seeded(model))
 
 
 # ONNX Runtime's sessions of the flow open from bytes (protobuf's limit: 2 GiB), where no folder resolves

@@ -24,7 +24,7 @@ from requant.backends.tosa.interpreter import ACCUMULATORS, run_tosa
 from requant.calibration.samples import Samples, iter_samples, split_labels
 from requant.report.agreement import Reference, agreement
 from requant.report.latency import session
-from requant.runtime import exact_twin
+from requant.runtime import exact_twin, in_stage
 from requant.stages.run import Flow, Run
 
 __all__ = ["TOSA_CHECK_SAMPLES", "TOSA_EVAL_SAMPLES", "lines", "lower"]
@@ -38,6 +38,7 @@ TOSA_CHECK_SAMPLES = 8  # calibration samples the TOSA program is run on against
 TOSA_CHECK_VALUES = 8 * 3 * 224 * 224
 
 
+@in_stage("lowering")
 def lower(
     flow: Flow, run: Run, evaluation: Any, reference: Reference | None
 ) -> tuple[TosaProgram | None, dict[str, Any]]:

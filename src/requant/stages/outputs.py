@@ -25,7 +25,7 @@ import onnx_ir as ir
 from requant.report import detections
 from requant.report.latency import session
 from requant.report.outputs import Split, compare_outputs, describe, poor_parts
-from requant.runtime import exact_twin
+from requant.runtime import exact_twin, in_stage
 from requant.stages.choose import CHOICE_SAMPLES
 from requant.stages.run import Flow, Run
 
@@ -152,6 +152,7 @@ def worse(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
     return len(poor_parts(parts)), flipped + sum(1 - p["iou"] for p in judged), -worst
 
 
+@in_stage("output check (every output against float)")
 def check_outputs(flow: Flow, run: Run, held_out: int) -> tuple[Run, dict[str, Any]]:
     """The run kept (the remedied one when it is closer to float), and the record."""
     model = run.converted.model

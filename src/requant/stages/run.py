@@ -23,6 +23,7 @@ from requant.calibration.samples import Samples
 from requant.options import Options
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.quantizers.quantizer import FLOAT_PLACED
+from requant.runtime import in_stage
 from requant.stages import convert, transform
 from requant.stages.annotate import Prepared, prepare
 from requant.stages.transform import Evened, Evening
@@ -88,6 +89,7 @@ class Flow:
         return prepare(self.source, quantizer, self.target, options.strict, keep_float, self.evening(outputs),
                        options.load_options)  # fmt: skip
 
+    @in_stage("calibration and conversion")
     def run(self, quantizer: Quantizer, method: str | None, first: Run | None = None) -> Run:
         """Annotate, calibrate with ``method`` and convert; ``first``: an earlier run of the same model,
         whose float model is reused."""

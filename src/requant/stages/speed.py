@@ -23,6 +23,7 @@ from typing import Any
 
 from requant.report.agreement import Reference
 from requant.report.latency import interleaved_latency_ms, session
+from requant.runtime import in_stage
 from requant.stages.run import Flow, Run
 
 __all__ = ["FASTER_BY", "WORST_GROUPS", "alarm_lines", "latency_lines", "measure_speed"]
@@ -40,6 +41,7 @@ def _worst_groups(run: Run) -> list[dict[str, Any]]:
     return sorted(groups, key=lambda p: p["float_us"] - p["int8_us"])[:WORST_GROUPS]
 
 
+@in_stage("latency (the quantized model timed against float)")
 def measure_speed(
     flow: Flow, run: Run, reference: Reference, budget: dict[str, Any] | None, tried: list[Run]
 ) -> tuple[Run, dict[str, Any]]:
