@@ -99,3 +99,27 @@ def test_a_model_drawing_random_numbers_is_compared_on_the_same_noise_and_writte
     assert "random ops: 1 (/noise) drew from fixed seeds" in result.report["summary"]
     above = [p for p in result.report["outputs"]["parts"] if p["output"] == "above"]
     assert above[0]["shapes_differ"] >= 1 and above[0]["sqnr_db"] > 10, above  # measured: 2 samples, 23.3 dB
+
+
+def test_convolutions_sharing_one_bias_initializer_all_run_int8() -> None:
+    """Three convolutions reading one bias initializer (torch's TorchScript exporter shares identical zero
+    biases): each gets its own int32 bias at its own scale, and ONNX Runtime runs all three int8 (before, one
+    bias at the first conv's scale: the others ran in float between their DequantizeLinears)."""
+    rng = np.random.default_rng(0)
+    weights = [nh.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) / 8, f"W{i}") for i in range(3)]
+    nodes = [
+        oh.make_node("Conv", ["x", "W0", "b"], ["c0"], name="/c0", pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c0"], ["r0"], name="/r0"),
+        oh.make_node("Conv", ["r0", "W1", "b"], ["c1"], name="/c1", pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"], name="/r1"),
+        oh.make_node("Conv", ["r1", "W2", "b"], ["y"], name="/c2", pads=[1, 1, 1, 1]),
+    ]
+    graph = oh.make_graph(
+        nodes, "shared", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 16, 16])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 16, 16])],
+        [*weights, nh.from_array(np.zeros(8, np.float32), "b")],
+    )  # fmt: skip
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(8)]
+    result = requant.quantize(model, calib, measure=False)
+    assert result.report["lint"]["int8_kernels"] == {"QLinearConv": 3}, result.report["lint"]["int8_kernels"]

@@ -2,7 +2,7 @@
 
 Constants first (so folding and batch-norm folding see initializers), then the
 removals that expose patterns, then the folds (with shapes inferred, since the
-MatMul patterns need ranks), then per-consumer dequantize, names, and shapes
+MatMul patterns need ranks), then each kernel its own bias, per-consumer dequantize, names, and shapes
 again last (so every value the later stages see has a name, a type and a shape).
 """
 
@@ -16,6 +16,7 @@ PIPELINE = [
     "fold-conv-affine",
     "fold-pad",
     "fuse-matmul-add",
+    "unshare-biases",
     "dequantize-per-consumer",
     "unique-names",
     "infer-shapes",
