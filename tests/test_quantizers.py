@@ -98,8 +98,8 @@ def test_later_selections_win_and_none_keeps_float() -> None:
 def test_every_rejection_reason_is_reachable() -> None:
     text = """
     <ir_version: 10, opset_import: ["" : 21]>
-    g (float[1,1,2,2,2] X3, float[1,2,4,4] X, float[2,2,1,1] Wd, float[2,8] A) => (float[1,1,2,2,2] Y3, float[1,2,4,4] Yd, float[1,2,4,4] Y, float[2,4] G, float[1,2,4,4] E) {
-        W3 = Constant <value = float[1,1,1,1,1] {2.0}> ()
+    g (float[1,1,2,2,2,2] X3, float[1,2,4,4] X, float[2,2,1,1] Wd, float[2,8] A) => (float[1,1,2,2,2,2] Y3, float[1,2,4,4] Yd, float[1,2,4,4] Y, float[2,4] G, float[1,2,4,4] E) {
+        W3 = Constant <value = float[1,1,1,1,1,1] {2.0}> ()
         Y3 = Conv(X3, W3)
         Yd = Conv(X, Wd)
         W = Constant <value = float[2,2,1,1] {1.0, -0.5, 0.25, 2.0}> ()
@@ -121,7 +121,7 @@ def test_every_rejection_reason_is_reachable() -> None:
 
     int8_axis = QuantizationSpec("int8", True, granularity="per_axis", axis=0)
     found = reasons(cfg(weight=int8_axis))
-    assert "ONNX Runtime's int8 Conv is 1-d or 2-d; this one is 3-d (at node)" in found
+    assert "ONNX Runtime's int8 Conv is 1-d to 3-d; this one is 4-d (at node)" in found
     assert "Conv weight 'Wd' is not a constant (at node_1)" in found
     assert "Erf is in no pattern of ONNXRUNTIME_CPU_SUPPORT" in found
     assert any(

@@ -71,8 +71,8 @@ def _check_weighted(node_match: Match, config: QuantizationConfig) -> Verdict:
             "rounding and conversions",
             at=node,
         )
-    if node.op_type == "Conv" and data.ndim not in (3, 4):
-        return Reject(f"ONNX Runtime's int8 {node.op_type} is 1-d or 2-d; this one is {data.ndim - 2}-d", at=node)
+    if node.op_type == "Conv" and data.ndim not in (3, 4, 5):
+        return Reject(f"ONNX Runtime's int8 {node.op_type} is 1-d to 3-d; this one is {data.ndim - 2}-d", at=node)
     if isinstance(spec, QuantizationSpec):
         if spec.dtype not in WEIGHT_DTYPES:
             return Reject(
