@@ -32,7 +32,7 @@ from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding, encod
 from requant.ir.annotations import element_name, quant_type, request, set_parameter_type, set_quant_type, set_request
 from requant.ir.provenance import RESCALE_KEY
 from requant.ir.queries import DEFAULT_DOMAINS, fresh_name, graph_values
-from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, SharedSpec
+from requant.ir.requests import DerivedSpec, FixedSpec, NoQuant, QuantizationSpec, SharedSpec
 from requant.ir.traits import data_inputs
 from requant.quantizers.pattern_quantizer import KEPT_FLOAT_KEY
 from requant.targets.constraints import MIN_STEPS, RUNTIME_FLOAT, Join, SameScale
@@ -42,6 +42,7 @@ from requant.types import (
     UniformQuantizedPerAxisType,
     UniformQuantizedType,
     UniformType,
+    from_range,
     with_scales,
 )
 
@@ -203,6 +204,7 @@ def propagate(
     notes = _fixed(values)
     if kernels is not None and kernels.softmax_overflow is not None:
         notes += _softmax_within_float(graph, kernels.softmax_overflow)
+    notes += _widened(graph, by_name)
     notes += _shared(values, by_name)
     if joins:
         notes += _joins(graph, values, by_name, joins)
@@ -269,6 +271,50 @@ def _shared(values: list[ir.Value], by_name: Mapping[str, ir.Value]) -> list[Pro
                 raise CalibrationError(f"value '{value.name}' shares '{source.name}', which got no type")
             set_quant_type(value, shared)
             notes.append(Propagated(str(value.name), shared, f"shared with '{source.name}'"))
+    return notes
+
+
+WIDENED = ("Concat", "Max", "Min")  # data movement of several inputs: the output shares its first input's type
+_DTYPES = {"i8": "int8", "u8": "uint8", "i16": "int16", "u16": "uint16"}
+
+
+def _float_range(t: UniformQuantizedType) -> tuple[float, float]:
+    return (t.storage_min - t.zero_point) * t.scale, (t.storage_max - t.zero_point) * t.scale
+
+
+def _widened(graph: ir.Graph, by_name: Mapping[str, ir.Value]) -> list[Propagated]:
+    """A Concat (Max, Min) whose output shares its first input's type, where another input reaches past that
+    type's range by more than a step: the output gets a type of its own over every input's range (the shared
+    quantizer's choice of the first input's type, made before ranges are known, clipped the others:
+    TransNetV2's join of 0-2.4 colour histograms with 0-15 convolution features at 2.78, 11.5 dB)."""
+    notes = []
+    for node in graph:
+        if node.op_type not in WIDENED or node.domain not in DEFAULT_DOMAINS or not node.outputs:
+            continue
+        out, first = node.outputs[0], node.inputs[0]
+        r = request(out)
+        if first is None or not isinstance(r, SharedSpec) or r.other != first.name:
+            continue
+        root = _root(first, by_name)
+        types = [quant_type(_root(x, by_name)) for x in node.inputs if x is not None]
+        t, spec = quant_type(root), request(root)
+        if not isinstance(t, UniformQuantizedType) or t.storage not in _DTYPES:
+            continue
+        own = spec if isinstance(spec, QuantizationSpec) else QuantizationSpec(_DTYPES[t.storage])
+        if not all(isinstance(u, UniformQuantizedType) for u in types):
+            continue
+        ranges = [_float_range(u) for u in types if isinstance(u, UniformQuantizedType)]
+        lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+        own_lo, own_hi = _float_range(t)
+        if lo >= own_lo - t.scale and hi <= own_hi + t.scale:
+            continue
+        widened = from_range(lo, hi, t.storage, t.expressed, symmetric=t.zero_point == 0 and t.storage_min < 0)
+        set_request(out, own)
+        set_quant_type(out, widened)
+        name = str(node.name or node.op_type)
+        notes.append(Propagated(str(out.name), widened, f"{node.op_type} '{name}': its inputs reach "
+                                f"[{lo:.4g}, {hi:.4g}], past its first input's type ({own_lo:.4g} to {own_hi:.4g}): "
+                                "the output gets its own type over all of them"))  # fmt: skip
     return notes
 
 
