@@ -132,7 +132,9 @@ def export(name: str, exporter: str, path: Path) -> str:
                               output_names=["out"], dynamic_axes=axes, dynamo=exporter == "dynamo")  # fmt: skip
     except Exception as error:  # torch's refusal is a finding of the zoo, not its end
         path.unlink(missing_ok=True)
-        return f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:160]}"
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        said = next((line for line in reversed(lines) if "Error" in line and "Refer to" not in line), lines[-1] if lines else "")
+        return f"{type(error).__name__}: {said[:200]}"
     return ""
 
 
