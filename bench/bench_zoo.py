@@ -247,17 +247,18 @@ TOOLS: dict[str, Callable[[Path, Samples, Path], None]] = {
 def session(path: Path) -> Any:
     """A 2-thread session without spinning; a model drawing random numbers (VITS) gets each random op seeded
     from its name, as requant does while it compares, so every tool's output is compared on float's noise."""
+    import onnx
     import onnx_ir as ir
     import onnxruntime as ort
 
-    from requant.ir.random_ops import seeded
+    from requant.ir.random_ops import RANDOM_OPS, seeded
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     source: Any = str(path)
-    if b"Random" in path.read_bytes()[:50_000_000]:
+    if any(n.op_type in RANDOM_OPS for n in onnx.load(str(path), load_external_data=False).graph.node):
         model = ir.load(str(path))
         if seeded(model):
             source = ir.to_proto(model).SerializeToString()

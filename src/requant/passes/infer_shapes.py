@@ -5,12 +5,12 @@ not stop the pipeline (values stay as they were). Recurses into subgraphs.
 
 The shapes a model declares for its inner values (its ``value_info``: an exporter's
 claims) are not trusted: ONNX's inference keeps a declared shape whose rank
-differs from what the node computes (a warning at most), and so does ONNX
-Runtime ("falling back to lenient merge"). A later rewrite that bypasses the
-node after it (an int64 -> int64 Cast) then hands the wrong shape to a reader
-that checks ranks, a Concat, and ONNX Runtime refuses the model. So the inner
+differs from what the node computes (ONNX Runtime warns, "falling back to lenient
+merge"), and requant copied such a claim into every model it wrote (an Unsqueeze
+of a scalar declared ``[1, 1]`` stayed so in the quantized model). So the inner
 values' shapes are inferred from the graph alone; a declared shape is kept only
-where inference finds none.
+where inference finds none, a declared dimension where the inferred one is
+anonymous.
 
 Invariant after: values ONNX can infer have a type and the shape the graph
 computes.

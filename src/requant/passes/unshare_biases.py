@@ -41,40 +41,37 @@ def _bias(node: ir.Node) -> ir.Value | None:
     return bias if bias is not None and bias.is_initializer() and bias.const_value is not None else None
 
 
+def _later_readers(model: ir.Model) -> list[tuple[ir.Node, ir.Value]]:
+    """Each kernel (with its bias) whose bias initializer a kernel before it already reads."""
+    seen: set[int] = set()
+    later = []
+    for node in all_nodes(model):
+        bias = _bias(node)
+        if bias is not None and node.graph is not None:
+            if id(bias) in seen:
+                later.append((node, bias))
+            seen.add(id(bias))
+    return later
+
+
 class UnshareBiases(Pass):
     name = "unshare-biases"
     recurses_into_subgraphs = True
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
-        seen: set[int] = set()
-        for node in list(all_nodes(model)):
-            bias = _bias(node)
-            if bias is None or node.graph is None:
-                continue
-            if id(bias) not in seen:
-                seen.add(id(bias))
-                continue
+        later = _later_readers(model)
+        for node, bias in later:
             graph, data = node.graph, bias.const_value
-            assert data is not None  # (_bias)
+            assert graph is not None and data is not None  # (_later_readers)
             name = fresh_name(str(bias.name), set(graph.initializers))
             copy = ir.Value(name=name, shape=bias.shape, type=bias.type,
                             const_value=ir.Tensor(data.numpy().copy(), name=name))  # fmt: skip
             graph.register_initializer(copy)
             node.replace_input_with(2, copy)
-            modified = True
-        return ir.passes.PassResult(model, modified)
+        return ir.passes.PassResult(model, bool(later))
 
     def finds(self, model: ir.Model) -> list[str]:
-        seen: set[int] = set()
-        found = []
-        for node in all_nodes(model):
-            bias = _bias(node)
-            if bias is not None:
-                if id(bias) in seen:
-                    found.append(str(node.name))
-                seen.add(id(bias))
-        return found
+        return [str(node.name) for node, _ in _later_readers(model)]
 
 
 PASS = UnshareBiases

@@ -278,10 +278,6 @@ WIDENED = ("Concat", "Max", "Min")  # data movement of several inputs: the outpu
 _DTYPES = {"i8": "int8", "u8": "uint8", "i16": "int16", "u16": "uint16"}
 
 
-def _float_range(t: UniformQuantizedType) -> tuple[float, float]:
-    return (t.storage_min - t.zero_point) * t.scale, (t.storage_max - t.zero_point) * t.scale
-
-
 def _widened(graph: ir.Graph, by_name: Mapping[str, ir.Value]) -> list[Propagated]:
     """A Concat (Max, Min) whose output shares its first input's type, where another input reaches past that
     type's range by more than a step: the output gets a type of its own over every input's range (the shared
@@ -300,16 +296,15 @@ def _widened(graph: ir.Graph, by_name: Mapping[str, ir.Value]) -> list[Propagate
         t, spec = quant_type(root), request(root)
         if not isinstance(t, UniformQuantizedType) or t.storage not in _DTYPES:
             continue
-        own = spec if isinstance(spec, QuantizationSpec) else QuantizationSpec(_DTYPES[t.storage])
-        if not all(isinstance(u, UniformQuantizedType) for u in types):
+        ranges = [u.float_range for u in types if isinstance(u, UniformQuantizedType)]
+        if len(ranges) != len(types):
             continue
-        ranges = [_float_range(u) for u in types if isinstance(u, UniformQuantizedType)]
         lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
-        own_lo, own_hi = _float_range(t)
+        own_lo, own_hi = t.float_range
         if lo >= own_lo - t.scale and hi <= own_hi + t.scale:
             continue
         widened = from_range(lo, hi, t.storage, t.expressed, symmetric=t.zero_point == 0 and t.storage_min < 0)
-        set_request(out, own)
+        set_request(out, spec if isinstance(spec, QuantizationSpec) else QuantizationSpec(_DTYPES[t.storage]))
         set_quant_type(out, widened)
         name = str(node.name or node.op_type)
         notes.append(Propagated(str(out.name), widened, f"{node.op_type} '{name}': its inputs reach "

@@ -173,9 +173,7 @@ def _ranges(report: Mapping[str, Any]) -> list[str]:
         except RequantError:
             continue
         if isinstance(t, UniformQuantizedType):
-            low = (t.storage_min - t.zero_point) * t.scale
-            high = (t.storage_max - t.zero_point) * t.scale
-            found.append((entry["value"], low, high, entry.get("seen") or {}))
+            found.append((entry["value"], *t.float_range, entry.get("seen") or {}))
     if not found:
         return []
 

@@ -259,6 +259,12 @@ class UniformQuantizedType(_UniformBase):
     def _key(self) -> tuple[object, ...]:
         return (self._storage, self.storage_min, self.storage_max, self.expressed, self.scale, self.zero_point)
 
+    @property
+    def float_range(self) -> tuple[float, float]:
+        """The expressed values its storage range stands for: ``(storage_min - zero_point) * scale`` to
+        ``(storage_max - zero_point) * scale``."""
+        return (self.storage_min - self.zero_point) * self.scale, (self.storage_max - self.zero_point) * self.scale
+
     def problems(self) -> list[str]:
         return _outside([self.zero_point], self._storage)
 
