@@ -164,7 +164,8 @@ OPTIONS: tuple[Option, ...] = (
            "the first ones in graph order (one float region from the inputs); each try re-quantizes",
            flag="--max-drop", key="max_drop", metavar="X", parse=float, backends=QUANTIZED_ACTIVATIONS),
     Option("metric", None, lambda v: v is None or v in METRICS, f"one of {', '.join(METRICS)}",
-           "what --max-drop measures (default: accuracy when the --eval data has labels, else top-1 agreement)",
+           "what --max-drop measures (default: accuracy when the --eval data has labels, else a detector's detections "
+           "after NMS, else top-1 agreement)",
            flag="--metric", key="metric", choices=lambda: METRICS, backends=QUANTIZED_ACTIVATIONS),
     Option("smoothing", DEFAULT_ALPHA, _optional(lambda v: _number(v) and 0 <= v <= 1),
            f"an alpha in [0, 1] (0 or None: off; default {DEFAULT_ALPHA}, 0.5 on executorch-xnnpack)",
@@ -292,6 +293,9 @@ class Options:
             raise ArgumentError("max_drop needs eval_data: the drop is measured on the evaluation data")
         if self.keep_float_below is not None:
             raise ArgumentError("give max_drop or keep_float_below, not both: both choose which kernels stay float")
+        if self.metric == "detections" and backend == "executorch":  # decoded from every output of an ONNX model
+            raise ArgumentError("metric 'detections' is measured by the ONNX targets' budget; the executorch-xnnpack "
+                                "target's measures accuracy, top1 or cosine")
         if self.metric == "accuracy" and not _has_labels(self.eval_data):
             raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
 

@@ -4,9 +4,12 @@ The drop is measured on the evaluation data, by one of three metrics:
 
 - ``accuracy``: float accuracy minus int8 accuracy (needs labels);
 - ``top1``: one minus the top-1 agreement of the two models' first outputs;
-- ``cosine``: one minus the mean cosine similarity of the first outputs (embeddings).
+- ``cosine``: one minus the mean cosine similarity of the first outputs (embeddings);
+- ``detections``: one minus the lower of recall and precision of int8's detections against float's,
+  decoded with NMS as a detector's users decode them (:mod:`requant.report.detections`: YOLO's layouts).
 
-The default is ``accuracy`` when the evaluation data has labels, else ``top1``.
+The default is ``accuracy`` when the evaluation data has labels, else ``detections`` for a detector, else
+``top1`` (the top-1 class of a detector's ``[1, 4 + C, 8400]`` output says nothing).
 
 Two families of kernel sets are tried (:func:`fewest_of`):
 
@@ -68,22 +71,27 @@ __all__ = [
     "kernel_class",
 ]
 
-METRICS = ("accuracy", "top1", "cosine")
-_NAMES = {"accuracy": "accuracy drop", "top1": "top-1 disagreement", "cosine": "1 - cosine"}
+METRICS = ("accuracy", "top1", "cosine", "detections")
+_NAMES = {"accuracy": "accuracy drop", "top1": "top-1 disagreement", "cosine": "1 - cosine",
+          "detections": "1 - min(recall, precision) of float's detections"}  # fmt: skip
 
 
 class BudgetError(RequantError):
     """An accuracy budget that cannot be measured as asked (no labels for ``accuracy``...)."""
 
 
-def choose_metric(metric: str | None, has_labels: bool) -> str:
-    """The metric to use: the one asked for, or ``accuracy`` with labels and ``top1`` without."""
+def choose_metric(metric: str | None, has_labels: bool, detector: bool = False) -> str:
+    """The metric to use: the one asked for, or ``accuracy`` with labels, ``detections`` for a ``detector``
+    (a detection head among its outputs) and ``top1`` otherwise."""
     if metric is None:
-        return "accuracy" if has_labels else "top1"
+        return "accuracy" if has_labels else "detections" if detector else "top1"
     if metric not in METRICS:
         raise BudgetError(f"the budget's metric {metric!r} is not one of {', '.join(METRICS)}")
     if metric == "accuracy" and not has_labels:
         raise BudgetError("the budget's metric 'accuracy' needs labels in the evaluation data ('labels')")
+    if metric == "detections" and not detector:
+        raise BudgetError("the budget's metric 'detections' needs a detector: no output of the model is a detection "
+                          "head on the evaluation data (boxes and class scores, YOLO's [1, 4 + classes, anchors])")
     return metric
 
 
@@ -93,6 +101,8 @@ def drop(evaluation: Mapping[str, float], metric: str) -> float:
         return evaluation["float_accuracy"] - evaluation["int8_accuracy"]
     if metric == "top1":
         return 1.0 - evaluation["top1_agreement"]
+    if metric == "detections":
+        return 1.0 - min(evaluation["recall"], evaluation["precision"])
     return 1.0 - evaluation["cosine_similarity"]
 
 

@@ -32,7 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "CONFIDENCE", "MATCH_IOU", "MIN_DETECTIONS", "POOR_IOU", "POOR_SHARE", "Head", "describe", "heads", "judge", "poor",
+    "CONFIDENCE", "MATCH_IOU", "MIN_DETECTIONS", "POOR_IOU", "POOR_SHARE", "Head", "anchored", "describe", "heads",
+    "judge", "poor",
 ]  # fmt: skip
 
 Array = npt.NDArray[Any]
@@ -75,7 +76,7 @@ def _score_run(rows: Array, start: int) -> int:
     return count
 
 
-def _anchored(shape: tuple[int, ...]) -> bool | None:
+def anchored(shape: tuple[int, ...]) -> bool | None:
     """For a ``[B, K, N]`` shape with many more anchors than rows: whether it is transposed (``[B, N, K]``);
     None for a shape no head has."""
     if len(shape) != 3 or min(shape[1:]) < 1:
@@ -93,7 +94,7 @@ def heads(names: Sequence[str], floats: Sequence[Sequence[Any]]) -> list[Head]:
         return []
     found: list[Head] = []
     shapes = [{np.shape(s[o]) for s in floats} for o in range(len(names))]
-    layouts = {o: _anchored(next(iter(sizes))) if len(sizes) == 1 else None for o, sizes in enumerate(shapes)}
+    layouts = {o: anchored(next(iter(sizes))) if len(sizes) == 1 else None for o, sizes in enumerate(shapes)}
     stacked = {o: np.concatenate([_rows(s[o], t) for s in floats]) for o, t in layouts.items() if t is not None}
     for o, rows in stacked.items():
         t = bool(layouts[o])

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from requant.calibration.samples import iter_samples, split_labels
+from requant.report import detections
 from requant.report.agreement import Reference, agreement
 from requant.report.budget import (
     FAMILIES,
@@ -75,10 +77,32 @@ class _Search:
     by_nodes: dict[frozenset[str], BudgetStep] = field(default_factory=dict)  # a set both families name: once
     priced: dict[tuple[str, int], float] = field(default_factory=dict)
     dims: dict[str, int] = field(default_factory=dict)
+    heads: list[detections.Head] = field(default_factory=list)  # a detector's, on the evaluation samples
+    floats: list[list[Any]] = field(default_factory=list)  # float's every output on them (a detector's)
 
-    def evaluate(self, candidate: Run) -> dict[str, float]:
+    def evaluate(self, candidate: Run) -> dict[str, Any]:
         converted = candidate.converted
+        if self.metric == "detections":  # float's detections against int8's, decoded (every output read)
+            q_session = session(converted.proto)
+            ints = [q_session.run(None, sample) for sample in self.samples()]
+            return detections.judge(self.heads[0], self.floats, ints)
         return agreement(converted.model, self.reference, session(converted.proto), self.evaluation)
+
+    def samples(self) -> list[Any]:
+        model = self.first.converted.model
+        data, _ = split_labels(self.evaluation, {str(v.name) for v in model.graph.inputs})
+        return list(iter_samples(model, data, "evaluation"))
+
+    def detector(self) -> bool:
+        """Whether the float model's outputs on the evaluation samples hold a detection head (looked for
+        only where its first output has many more anchors than rows, as a YOLO's)."""
+        known = self.reference.outputs  # the first output, as agreement computed it
+        if not known or detections.anchored(np.shape(known[0])) is None:
+            return False
+        float_session = self.reference.float_session()
+        self.floats = [float_session.run(None, sample) for sample in self.samples()]
+        self.heads = detections.heads([o.name for o in float_session.get_outputs()], self.floats)
+        return bool(self.heads)
 
     def rank(self, max_drop: float) -> None:
         """Each kernel's local SQNR where bias correction measured it (convolutions, Gemms; the others,
@@ -138,7 +162,10 @@ def within_budget(flow: Flow, run: Run, evaluation: Any, reference: Reference) -
     assert max_drop is not None and run.float_proto is not None  # kept: there is evaluation data
     search = _Search(flow, run, evaluation, reference, runs=[run])
     first = search.evaluate(run)
-    search.metric = choose_metric(flow.options.metric, "float_accuracy" in first)
+    detector = flow.options.metric in (None, "detections") and "float_accuracy" not in first and search.detector()
+    search.metric = choose_metric(flow.options.metric, "float_accuracy" in first, detector)
+    if search.metric == "detections":
+        first = search.evaluate(run)
     search.steps.append(BudgetStep(0, drop(first, search.metric)))
     search.rank(max_drop)
     steps = search.steps
@@ -212,7 +239,8 @@ def budget_line(budget: Mapping[str, Any], latency: Mapping[str, float] | None) 
         line += f", {budget['final_drop']:.4f} with {which} {len(kept)} of {budget['candidates']} kernels kept float"
         line += f": {names}"
         if budget.get("modelled_us") and not str(budget.get("priced_by", "")).startswith("the number"):
-            line += f" (modelled +{budget['modelled_us']:.0f} us a run, the least of the tries that met it)"
+            least = "the least of the tries that met it" if budget["met"] else "not met"
+            line += f" (modelled +{budget['modelled_us']:.0f} us a run, {least})"
     line += f"; {len(budget['tries']) - 1} re-quantizations"
     if not budget["met"]:
         line += " (NOT MET: the try that lost least is kept)"
