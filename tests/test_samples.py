@@ -76,3 +76,34 @@ g (float[N, 4] x) => (float[N, 3] y) <float[4, 3] w = {0.5, -1., 2., 1., 0.25, -
     listed = requant.quantize(proto, calib, eval_data=evaluation, measure=False)
     assert result.report["evaluation"] == listed.report["evaluation"]
     assert result.report["tensors"] == listed.report["tensors"]
+
+
+def test_a_data_loaders_tuples_tensors_and_other_names_calibrate_as_the_arrays_do() -> None:
+    """The same 64 digits as a torch DataLoader of (image, label) batches of one, as bare tensors, as dicts under
+    another name than the input's (``input`` for ``x``) and as arrays by name: one model, to the byte."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tests.test_budget import DIGITS
+
+    x = np.load(DIGITS / "calib.npz")["x"][:64]
+    labels = torch.zeros(64, dtype=torch.int64)
+
+    def quantized(data: object) -> bytes:
+        result = requant.quantize(DIGITS / "digits_cnn.onnx", data, measure=False, bias_correction=False)
+        return ir.to_proto(result.model).SerializeToString()
+
+    expected = quantized({"x": x})
+    loader = DataLoader(TensorDataset(torch.from_numpy(x[:, 0]).unsqueeze(1), labels), batch_size=1)
+    assert quantized(loader) == expected
+    assert quantized([torch.from_numpy(x[i : i + 1]) for i in range(64)]) == expected
+    assert quantized([{"input": x[i : i + 1]} for i in range(64)]) == expected
+
+
+def test_a_tuple_that_does_not_fit_the_inputs_is_an_error_naming_them() -> None:
+    from tests.test_budget import DIGITS
+
+    x = np.load(DIGITS / "calib.npz")["x"][:1]
+    with pytest.raises(CalibrationError, match=r"calibration sample 1: a tuple of 3 values for a model of 1 input\(s\) "
+                                               r"\(x\): give one value per input"):  # fmt: skip
+        requant.quantize(DIGITS / "digits_cnn.onnx", [(x, x, x)], measure=False)

@@ -6,9 +6,14 @@ Accepted forms:
   each sample keeps a batch dimension of 1;
 - a ``.npy`` file, or one array, for a single-input model, the same way;
 - a folder of ``.npz``/``.npy`` files, each one sample (or a batch), in file-name order;
-- an iterable (a list, a generator) of ``{input name: array}`` dicts, each one model run (a
-  generator is read once: what needs data again gets its first samples, see
-  :class:`~requant.calibration.samples.Replayed`);
+- an iterable (a list, a generator, a ``torch.utils.data.DataLoader``) of samples, each one model run
+  (a generator is read once: what needs data again gets its first samples, see
+  :class:`~requant.calibration.samples.Replayed`). A sample is matched to the model's inputs
+  (:func:`matched`): a dict by its names, or by position where none of its names is an input's and it
+  has one entry per input (``{"input": x}`` for an input named ``x``); a tuple or list by position,
+  where one element more than the model has inputs is the target a data loader yields with them
+  (``(x, y)``), not fed; one array or tensor, for a single-input model. Torch tensors are read as
+  arrays (``map(transform, loader)`` applies NNCF's ``transform_fn`` first);
 - an :class:`~requant.calibration.images.ImageFolder`: a folder of images with its stated
   preprocessing (a folder of images given as a plain path is an error that says so).
 
@@ -49,6 +54,7 @@ __all__ = [
     "check_sample",
     "checked_samples",
     "input_specs",
+    "matched",
     "model_inputs",
     "read_labels",
     "samples_for",
@@ -331,7 +337,7 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
     elif isinstance(source, Mapping):
         yield from _rows(source, what)
     elif isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
-        yield from source
+        yield from source  # each matched to the model's inputs by checked_samples
     else:
         raise CalibrationError(
             f"cannot read {what} data from a {type(source).__name__}: give a .npz/.npy file or a folder of them, "
@@ -339,10 +345,46 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
         )
 
 
+def _array(value: Any) -> Any:
+    """A torch tensor as an array (detached, on the CPU); anything else as it is."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def matched(raw: Any, names: list[str], where: str) -> Any:
+    """An iterable's sample as ``{input name: array}`` (see the module's docstring), or as it came when it
+    has no form this knows (the check says what was expected)."""
+    if isinstance(raw, Mapping):
+        sample = {str(key): _array(value) for key, value in raw.items()}
+        if len(sample) == len(names) and not set(sample) & set(names):  # other names, one per input: by position
+            return dict(zip(names, sample.values(), strict=True))
+        return sample
+    if isinstance(raw, (tuple, list)):
+        values = [_array(value) for value in raw]
+        if len(values) == len(names) + 1:  # (inputs..., target), as a data loader yields them: the target not fed
+            values = values[:-1]
+        if len(values) != len(names):
+            raise CalibrationError(
+                f"{where}: a {type(raw).__name__} of {len(raw)} values for a model of {len(names)} input(s) "
+                f"({', '.join(names)}): give one value per input, in their order (one more, a target, is not fed)"
+            )
+        return dict(zip(names, values, strict=True))
+    value = _array(raw)
+    if len(names) == 1 and (isinstance(value, np.ndarray) or hasattr(value, "__array__")):
+        return {names[0]: value}
+    return raw
+
+
 def check_exists(source: Any, what: str) -> None:
     """A path given as data must be there (a file or a folder): checked before any work is done."""
     if isinstance(source, (str, os.PathLike)) and not (Path(source).is_file() or Path(source).is_dir()):
         raise CalibrationError(f"no {what} data at '{source}'")
+
+
+def _iterated(source: Any) -> bool:
+    """Samples an iterable yields one by one (not rows cut from arrays, files or images)."""
+    return not isinstance(source, (str, os.PathLike, np.ndarray, Mapping, ImageFolder)) and isinstance(source, Iterable)
 
 
 def _sliced(source: Any) -> bool:
@@ -380,7 +422,11 @@ def checked_samples(model: ir.Model, source: Any, what: str = "calibration") -> 
     peaks: dict[str, pyarray.array[float]] = {}  # 8 bytes a sample
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what)
     fixed = fixed_inputs(model)
+    fed = [str(v.name) for v in inputs if str(v.name) not in fixed]
+    elements = _iterated(source)  # an iterable's samples come in the user's forms: matched to the inputs
     for count, raw in enumerate(raws, start=1):
+        if elements:
+            raw = matched(raw, fed, f"{what} sample {count}")
         if fixed and isinstance(raw, Mapping):  # given once for all: not fed
             raw = {name: array for name, array in raw.items() if name not in fixed}
         sample = _check(specs, raw, f"{what} sample {count}", hint)
