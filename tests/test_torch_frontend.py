@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,25 @@ def test_export_failure_carries_the_exporters_message() -> None:
 
     with pytest.raises(LoadError, match=r"torch.onnx.export \(dynamo\) failed for module DataDependent"):
         requant.load(DataDependent(), example_inputs=(torch.randn(4),))
+
+
+def test_a_wrongly_shaped_example_is_one_line_naming_the_op_and_the_shapes() -> None:
+    """torch logs screens of stack traces (every failed fake-tensor op's) and raises an exception with colour codes
+    and advice on filing issues for a Linear given a wrong example; requant's error is the exception torch
+    summarizes and the example's shapes, and nothing else reaches the terminal (run apart: pytest's own log
+    capture would hide torch's printing)."""
+    script = (
+        "import torch, requant\n"
+        "try:\n"
+        "    requant.load(torch.nn.Sequential(torch.nn.Linear(16, 8)), example_inputs=(torch.randn(1, 12),))\n"
+        "except requant.RequantError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == ("torch.onnx.export (dynamo) failed for module Sequential: RuntimeError: a and b "
+                                   "must have same reduction dim, but got [1, 12] X [16, 8]. (example inputs: [1, 12] "
+                                   "float32)")  # fmt: skip
+    assert "Traceback" not in done.stderr and "\x1b[" not in done.stderr and "torchvision" not in done.stderr, done.stderr
 
 
 def test_wrong_arguments() -> None:

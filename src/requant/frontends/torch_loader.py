@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,30 @@ from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY, module_clas
 __all__ = ["MODULE_CLASS_KEY", "MODULE_PATH_KEY", "load_torch", "module_class", "module_path"]
 
 log = logging.getLogger(__name__)
+
+# loggers that print stack traces on failures, and one that says on every export that torchvision's ops are skipped
+_NOISY = ("torch._subclasses.fake_tensor", "torch.export._trace", "torch.onnx._internal.exporter._registration")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SUMMARY = re.compile(r"## Exception summary\s*\n\s*<class '([\w.]+)'>: (.+)")
+
+
+def _cause(exc: BaseException) -> str:
+    """The exporter's error in a few lines: the exception its summary names (torch's advice on filing issues
+    and its colour codes left out), else its first lines."""
+    text = _ANSI.sub("", str(exc)).strip()
+    summary = _SUMMARY.search(text)
+    if summary:
+        return f"{summary.group(1).rsplit('.', 1)[-1]}: {summary.group(2).strip()}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: " + "\n  ".join(lines[:8]) + ("\n  ..." if len(lines) > 8 else "")
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    def one(a: Any) -> str:
+        return f"{list(a.shape)} {str(a.dtype).removeprefix('torch.')}" if hasattr(a, "shape") else type(a).__name__
+
+    return ", ".join(one(a) for a in args)
+
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _CLASSES = "pkg.torch.onnx.class_hierarchy"
@@ -75,6 +100,11 @@ def load_torch(
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     was_training = module.training
     module.eval()
+    # torch logs every failed fake-tensor op's stack trace before it raises (screens of them for one wrong
+    # shape): the error below says what failed
+    quiet = {logging.getLogger(n): logging.getLogger(n).level for n in _NOISY}
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     try:
         program = torch.onnx.export(
             module,
@@ -85,14 +115,14 @@ def load_torch(
             verbose=False,
             report=False,
         )
-    except Exception as exc:  # the exporter raises many kinds; the user needs its message
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        detail = "\n  ".join(lines[:12]) + ("\n  ..." if len(lines) > 12 else "")
+    except Exception as exc:  # the exporter raises many kinds; the user needs its message, not its advice
         raise LoadError(
-            f"torch.onnx.export (dynamo) failed for module {name}: {type(exc).__name__}:\n  {detail}"
+            f"torch.onnx.export (dynamo) failed for module {name}: {_cause(exc)} (example inputs: {_shapes(args)})"
         ) from None
     finally:
         module.train(was_training)
+        for logger, level in quiet.items():
+            logger.setLevel(level)
     if program is None:  # pragma: no cover - dynamo=True always returns a program
         raise LoadError(f"torch.onnx.export returned nothing for module {name}")
     model: ir.Model = program.model
