@@ -72,12 +72,7 @@ def letterboxed(count: int, size: int, seed: int) -> Samples:
             cw, ch = int(w * scale), int(h * scale)
             x, y = rng.integers(0, w - cw + 1), rng.integers(0, h - ch + 1)
             image = image.crop((x, y, x + cw, y + ch))
-        ratio = size / max(image.size)
-        image = image.resize((round(image.width * ratio), round(image.height * ratio)), Image.Resampling.BILINEAR)
-        canvas = np.full((size, size, 3), 114, np.uint8)
-        top, left = (size - image.height) // 2, (size - image.width) // 2
-        canvas[top : top + image.height, left : left + image.width] = np.asarray(image)
-        out.append({"images": (canvas.astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+        out.append(zoo_data.letterbox(image, size))
     return out
 
 

@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,14 +110,31 @@ def lac_samples(count: int, seed: int) -> Samples:
     return out
 
 
-def paraphrase_samples(count: int, seed: int) -> Samples:
+def _sentences(count: int, seed: int) -> list[str]:
+    """The bench's sentences: the first ``count`` when ``seed`` is 0 (evaluation), else ``count`` from the 200th."""
     from bench.bench_quantize import sentences
-    from tests.models.minilm import tokenize
 
     texts = sentences(400)
-    picked = texts[:count] if seed == 0 else texts[200 : 200 + count]
+    return texts[:count] if seed == 0 else texts[200 : 200 + count]
+
+
+def letterbox(image: Any, size: int) -> dict[str, np.ndarray]:
+    """A PIL image letterboxed to ``size`` as Ultralytics' ``predict`` does: RGB in [0, 1], NCHW, padded with 114."""
+    from PIL import Image
+
+    ratio = size / max(image.size)
+    image = image.resize((round(image.width * ratio), round(image.height * ratio)), Image.Resampling.BILINEAR)
+    canvas = np.full((size, size, 3), 114, np.uint8)
+    top, left = (size - image.height) // 2, (size - image.width) // 2
+    canvas[top : top + image.height, left : left + image.width] = np.asarray(image)
+    return {"images": (canvas.astype(np.float32) / 255).transpose(2, 0, 1)[None]}
+
+
+def paraphrase_samples(count: int, seed: int) -> Samples:
+    from tests.models.minilm import tokenize
+
     out = []
-    for text in picked:
+    for text in _sentences(count, seed):
         ids, mask = tokenize([text])
         out.append({"input_ids": ids, "attention_mask": mask})
     return out
@@ -271,14 +289,11 @@ def mpnet_model() -> Path:
 
 
 def mpnet_samples(count: int, seed: int) -> Samples:
-    from bench.bench_quantize import sentences
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(mpnet_folder()))
-    texts = sentences(400)
-    picked = texts[:count] if seed == 0 else texts[200 : 200 + count]
     out = []
-    for text in picked:
+    for text in _sentences(count, seed):
         encoded = tokenizer([text], return_tensors="np", truncation=True, max_length=128)
         out.append({"input_ids": encoded["input_ids"].astype(np.int64),
                     "attention_mask": encoded["attention_mask"].astype(np.int64)})  # fmt: skip
@@ -305,7 +320,6 @@ MOLECULES = (  # SMILES of common compounds (drugs, solvents, metabolites), draw
 def molecule_samples(count: int, seed: int) -> Samples:
     """Drawings of molecules (RDKit), letterboxed to 640 as Ultralytics' ``predict`` does (RGB in [0, 1], NCHW,
     padded with 114): ABD-model's input."""
-    from PIL import Image
     from rdkit import Chem, RDLogger
     from rdkit.Chem import Draw
 
@@ -319,11 +333,6 @@ def molecule_samples(count: int, seed: int) -> Samples:
             options.useBWAtomPalette()
         options.rotate = float(rng.uniform(0, 360))
         w, h = int(rng.integers(300, 900)), int(rng.integers(300, 900))
-        image = Draw.MolToImage(Chem.MolFromSmiles(smiles), size=(w, h), options=options).convert("RGB")
-        ratio = 640 / max(image.size)
-        image = image.resize((round(image.width * ratio), round(image.height * ratio)), Image.Resampling.BILINEAR)
-        canvas = np.full((640, 640, 3), 114, np.uint8)
-        top, left = (640 - image.height) // 2, (640 - image.width) // 2
-        canvas[top : top + image.height, left : left + image.width] = np.asarray(image)
-        out.append({"images": (canvas.astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+        out.append(letterbox(Draw.MolToImage(Chem.MolFromSmiles(smiles), size=(w, h), options=options).convert("RGB"),
+                             640))  # fmt: skip
     return out
