@@ -306,7 +306,8 @@ def _from_file(path: Path, single_input: str | None, what: str) -> Iterator[Samp
         raise CalibrationError(f"'{path}': {what} files are .npz or .npy")
 
 
-def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
+def _raw(source: Any, single_input: str | None, what: str, fed: list[str]) -> Iterator[Any]:
+    """The samples of ``source`` as it gives them; an iterable's matched to the ``fed`` inputs (:func:`matched`)."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
@@ -337,7 +338,8 @@ def _raw(source: Any, single_input: str | None, what: str) -> Iterator[Any]:
     elif isinstance(source, Mapping):
         yield from _rows(source, what)
     elif isinstance(source, Iterable) and not isinstance(source, (str, bytes)):
-        yield from source  # each matched to the model's inputs by checked_samples
+        for count, raw in enumerate(source, start=1):  # in the user's forms: matched to the inputs
+            yield matched(raw, fed, f"{what} sample {count}")
     else:
         raise CalibrationError(
             f"cannot read {what} data from a {type(source).__name__}: give a .npz/.npy file or a folder of them, "
@@ -371,7 +373,7 @@ def matched(raw: Any, names: list[str], where: str) -> Any:
             )
         return dict(zip(names, values, strict=True))
     value = _array(raw)
-    if len(names) == 1 and (isinstance(value, np.ndarray) or hasattr(value, "__array__")):
+    if len(names) == 1 and hasattr(value, "__array__"):  # an array (a tensor, already read as one)
         return {names[0]: value}
     return raw
 
@@ -380,11 +382,6 @@ def check_exists(source: Any, what: str) -> None:
     """A path given as data must be there (a file or a folder): checked before any work is done."""
     if isinstance(source, (str, os.PathLike)) and not (Path(source).is_file() or Path(source).is_dir()):
         raise CalibrationError(f"no {what} data at '{source}'")
-
-
-def _iterated(source: Any) -> bool:
-    """Samples an iterable yields one by one (not rows cut from arrays, files or images)."""
-    return not isinstance(source, (str, os.PathLike, np.ndarray, Mapping, ImageFolder)) and isinstance(source, Iterable)
 
 
 def _sliced(source: Any) -> bool:
@@ -420,13 +417,10 @@ def checked_samples(model: ir.Model, source: Any, what: str = "calibration") -> 
     hint = _BATCH_HINT if _sliced(source) else ""
     count = 0
     peaks: dict[str, pyarray.array[float]] = {}  # 8 bytes a sample
-    raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what)
     fixed = fixed_inputs(model)
     fed = [str(v.name) for v in inputs if str(v.name) not in fixed]
-    elements = _iterated(source)  # an iterable's samples come in the user's forms: matched to the inputs
+    raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what, fed)
     for count, raw in enumerate(raws, start=1):
-        if elements:
-            raw = matched(raw, fed, f"{what} sample {count}")
         if fixed and isinstance(raw, Mapping):  # given once for all: not fed
             raw = {name: array for name, array in raw.items() if name not in fixed}
         sample = _check(specs, raw, f"{what} sample {count}", hint)
