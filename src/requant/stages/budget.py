@@ -78,29 +78,34 @@ class _Search:
     priced: dict[tuple[str, int], float] = field(default_factory=dict)
     dims: dict[str, int] = field(default_factory=dict)
     heads: list[detections.Head] = field(default_factory=list)  # a detector's, on the evaluation samples
+    samples: list[Any] = field(default_factory=list)  # the evaluation samples, read once (a detector's)
     floats: list[list[Any]] = field(default_factory=list)  # float's every output on them (a detector's)
 
     def evaluate(self, candidate: Run) -> dict[str, Any]:
         converted = candidate.converted
         if self.metric == "detections":  # float's detections against int8's, decoded (every output read)
             q_session = session(converted.proto)
-            ints = [q_session.run(None, sample) for sample in self.samples()]
-            return detections.judge(self.heads[0], self.floats, ints)
+            return detections.judge(self.heads[0], self.floats, [q_session.run(None, s) for s in self.samples])
         return agreement(converted.model, self.reference, session(converted.proto), self.evaluation)
 
-    def samples(self) -> list[Any]:
-        model = self.first.converted.model
-        data, _ = split_labels(self.evaluation, {str(v.name) for v in model.graph.inputs})
-        return list(iter_samples(model, data, "evaluation"))
+    def _data(self) -> tuple[Any, Any]:
+        """The evaluation data without its labels, and the labels (None without)."""
+        return split_labels(self.evaluation, {str(v.name) for v in self.first.converted.model.graph.inputs})
+
+    def labelled(self) -> bool:
+        return self._data()[1] is not None
 
     def detector(self) -> bool:
-        """Whether the float model's outputs on the evaluation samples hold a detection head (looked for
-        only where its first output has many more anchors than rows, as a YOLO's)."""
-        known = self.reference.outputs  # the first output, as agreement computed it
-        if not known or detections.anchored(np.shape(known[0])) is None:
-            return False
+        """Whether the float model's outputs on the evaluation samples hold a detection head (the others run
+        only where its first output on the first sample has many more anchors than rows, as a YOLO's)."""
+        samples = iter_samples(self.first.converted.model, self._data()[0], "evaluation")
         float_session = self.reference.float_session()
-        self.floats = [float_session.run(None, sample) for sample in self.samples()]
+        first = next(samples)
+        outputs = float_session.run(None, first)
+        if detections.anchored(np.shape(outputs[0])) is None:
+            return False
+        self.samples = [first, *samples]
+        self.floats = [outputs, *(float_session.run(None, sample) for sample in self.samples[1:])]
         self.heads = detections.heads([o.name for o in float_session.get_outputs()], self.floats)
         return bool(self.heads)
 
@@ -161,11 +166,10 @@ def within_budget(flow: Flow, run: Run, evaluation: Any, reference: Reference) -
     max_drop = flow.options.max_drop
     assert max_drop is not None and run.float_proto is not None  # kept: there is evaluation data
     search = _Search(flow, run, evaluation, reference, runs=[run])
+    asked, labelled = flow.options.metric, search.labelled()
+    detector = (asked == "detections" or (asked is None and not labelled)) and search.detector()
+    search.metric = choose_metric(asked, labelled, detector)
     first = search.evaluate(run)
-    detector = flow.options.metric in (None, "detections") and "float_accuracy" not in first and search.detector()
-    search.metric = choose_metric(flow.options.metric, "float_accuracy" in first, detector)
-    if search.metric == "detections":
-        first = search.evaluate(run)
     search.steps.append(BudgetStep(0, drop(first, search.metric)))
     search.rank(max_drop)
     steps = search.steps
