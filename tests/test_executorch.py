@@ -227,8 +227,9 @@ def test_output_suffix_and_dynamic_configs_are_checked_before_any_work() -> None
         Options.create(target="onnxruntime-cpu", output="model.pte")
     with pytest.raises(ArgumentError, match="only the executorch-xnnpack target has such kernels"):
         Options.create(quantizer=Quantizer().set_global(INT8_DYNAMIC_LINEAR))
-    with pytest.raises(RequantError, match="needs example_inputs="):
-        requant.quantize(make_residual_net(), [{"x": np.zeros((1, 3, 8, 8), np.float32)}], target=TARGET)
+    zeros = np.zeros((1, 3, 8, 8), np.float32)  # without example_inputs, a sample that shows forward's inputs
+    with pytest.raises(RequantError, match=r"the first calibration sample \(a, b\) does not fit .*example_inputs="):
+        requant.quantize(make_residual_net(), [{"a": zeros, "b": zeros}], target=TARGET)
 
 
 def test_cli_quantizes_a_saved_program(digits: Any, tmp_path: Path) -> None:

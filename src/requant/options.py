@@ -196,6 +196,10 @@ OPTIONS: tuple[Option, ...] = (
            "a PyTorch module's example inputs (requant.load)"),
     Option("dynamic_shapes", None, lambda v: True, "dynamic shapes",
            "a PyTorch module's dynamic shapes (requant.load)"),
+    Option("transform", None, _optional(callable), "a callable, or None",
+           "applied to each item of iterable calibration and evaluation data (a DataLoader's batches) before it "
+           "is matched to the model's inputs: NNCF's transform_fn (files, arrays and dicts of arrays are read as "
+           "they are)"),
     Option("bits", None, _optional(lambda v: v in (4, 8) and not isinstance(v, bool)), "4 or 8, or None",
            f"language models (--preset {BLOCKS_PRESET}): bits of the weight blocks (default: the preset's, 4)",
            flag="--bits", key="bits", metavar="BITS", parse=int, backends=BLOCKS),
@@ -245,6 +249,7 @@ class Options:
     fixed_inputs: Mapping[str, Any] | None = None
     example_inputs: Any = None
     dynamic_shapes: Any = None
+    transform: Any = None
     bits: int | None = None
     block_size: int | None = None
     symmetric: bool = True
@@ -402,11 +407,14 @@ check_table()
 def preflight(options: Options, model: Any, calibration_data: Any) -> None:
     """The checks of what the options name on disk, before any work: the data are there, and the
     output overwrites no input (a refused run writes nothing)."""
-    from requant.calibration.data import check_exists
+    from requant.calibration.data import check_exists, iterable
     from requant.frontends import check_outputs
 
     check_exists(calibration_data, "calibration")
     check_exists(options.eval_data, "evaluation")
+    if options.transform is not None and not (iterable(calibration_data) or iterable(options.eval_data)):
+        raise ArgumentError("transform applies to the items of iterable data (a DataLoader, a list, a generator); "
+                            "neither the calibration nor the evaluation data is one")  # fmt: skip
     if options.output is not None:
         check_outputs({"output": options.output}, {"the model": model, "the calibration data": calibration_data,
                                                    "the evaluation data": options.eval_data},

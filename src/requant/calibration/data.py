@@ -36,7 +36,7 @@ import math
 import os
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +49,20 @@ from requant.calibration.observers import CalibrationError
 from requant.frontends.fixed import fixed_inputs
 
 __all__ = [
+    "Labelled",
     "Sample",
     "check_exists",
     "check_sample",
     "checked_samples",
+    "first_sample",
     "input_specs",
+    "iterable",
+    "labels_of",
     "matched",
     "model_inputs",
     "read_labels",
     "samples_for",
+    "transformed",
 ]
 
 # Statistics over samples *and positions* (means, channel maxima) settle with the number of input values
@@ -347,11 +352,62 @@ def _raw(source: Any, single_input: str | None, what: str, fed: list[str]) -> It
         )
 
 
+def iterable(source: Any) -> bool:
+    """Whether ``source`` is data given as an iterable of samples in the user's forms (not a path, an array,
+    a dict of arrays or an image folder)."""
+    plain = (str, bytes, os.PathLike, np.ndarray, Mapping, ImageFolder)
+    return isinstance(source, Iterable) and not isinstance(source, plain)
+
+
+class Transformed:
+    """The items of an iterable ``source`` each passed through ``transform`` (NNCF's ``transform_fn``), read
+    again as often as the source can be; an error the transform raises names the sample."""
+
+    def __init__(self, source: Iterable[Any], transform: Callable[[Any], Any], what: str) -> None:
+        self.source, self.transform, self.what = source, transform, what
+
+    def __iter__(self) -> Iterator[Any]:
+        for count, item in enumerate(self.source, start=1):
+            try:
+                yield self.transform(item)
+            except Exception as exc:
+                said = f"{type(exc).__name__}: {exc}"
+                raise CalibrationError(f"{self.what} sample {count}: transform raised {said}") from exc
+
+
+def transformed(source: Any, transform: Callable[[Any], Any] | None, what: str) -> Any:
+    """``source`` with ``transform`` applied to its items, when it is an iterable (:func:`iterable`); a
+    generator stays one (read once)."""
+    if transform is None or not iterable(source):
+        return source
+    items = Transformed(source, transform, what)
+    return iter(items) if isinstance(source, Iterator) else items
+
+
 def _array(value: Any) -> Any:
     """A torch tensor as an array (detached, on the CPU); anything else as it is."""
     if hasattr(value, "detach") and hasattr(value, "numpy"):
         return value.detach().cpu().numpy()
     return value
+
+
+class Labelled(dict[str, Any]):
+    """A sample a data loader gave with a target after its inputs (``(x, y)``): ``target``, not fed (the
+    evaluation reads integer targets, one per sample row, as class labels: :func:`labels_of`)."""
+
+    target: Any = None
+
+
+def labels_of(targets: list[Any], rows: list[int]) -> npt.NDArray[Any] | None:
+    """A data loader's ``targets`` (one per sample: :class:`Labelled`) as class labels, where each is integer
+    with one value per prediction of its sample (``rows``); None otherwise (no targets, or ones that are not
+    class indices: a segmentation mask, a regression value)."""
+    given = [np.asarray(t) for t in targets if t is not None]
+    if not given or len(given) != len(rows):
+        return None
+    if any(t.dtype.kind not in "iu" or t.size != n for t, n in zip(given, rows, strict=True)):
+        return None
+    return np.concatenate([t.reshape(-1) for t in given])
 
 
 def matched(raw: Any, names: list[str], where: str) -> Any:
@@ -365,7 +421,9 @@ def matched(raw: Any, names: list[str], where: str) -> Any:
     if isinstance(raw, (tuple, list)):
         values = [_array(value) for value in raw]
         if len(values) == len(names) + 1:  # (inputs..., target), as a data loader yields them: the target not fed
-            values = values[:-1]
+            labelled = Labelled(zip(names, values[:-1], strict=True))
+            labelled.target = values[-1]
+            return labelled
         if len(values) != len(names):
             raise CalibrationError(
                 f"{where}: a {type(raw).__name__} of {len(raw)} values for a model of {len(names)} input(s) "
@@ -376,6 +434,22 @@ def matched(raw: Any, names: list[str], where: str) -> Any:
     if len(names) == 1 and hasattr(value, "__array__"):  # an array (a tensor, already read as one)
         return {names[0]: value}
     return raw
+
+
+def first_sample(source: Any, names: list[str], what: str = "calibration") -> dict[str, Any]:
+    """The first sample of ``source`` as ``{name: array}`` before there is a model to check it against (a
+    PyTorch module's example inputs): an iterable's matched to ``names`` (:func:`matched`), the first row of
+    arrays. A generator's is kept for the passes that follow (give a :class:`Samples`' source)."""
+    if isinstance(source, ImageFolder):
+        raise CalibrationError("an image folder does not say the size its images are resized to before there is "
+                               "a model: give the PyTorch module's example_inputs=")  # fmt: skip
+    single = names[0] if len(names) == 1 else None
+    first = next(_raw(source, single, what, names), None)
+    if first is None:
+        raise CalibrationError(f"the {what} data set is empty")
+    if not isinstance(first, Mapping):
+        raise CalibrationError(f"{what} sample 1: expected a dict of input name -> array, got {type(first).__name__}")
+    return {str(name): np.asarray(_array(value)) for name, value in first.items()}
 
 
 def check_exists(source: Any, what: str) -> None:
@@ -422,8 +496,13 @@ def checked_samples(model: ir.Model, source: Any, what: str = "calibration") -> 
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what, fed)
     for count, raw in enumerate(raws, start=1):
         if fixed and isinstance(raw, Mapping):  # given once for all: not fed
-            raw = {name: array for name, array in raw.items() if name not in fixed}
+            target = getattr(raw, "target", None)
+            raw = Labelled((name, array) for name, array in raw.items() if name not in fixed)
+            raw.target = target
         sample = _check(specs, raw, f"{what} sample {count}", hint)
+        if isinstance(raw, Labelled) and raw.target is not None:  # the data loader's target kept beside it
+            sample = Labelled(sample)
+            sample.target = raw.target
         for name, value in sample.items():
             if _floating(value.dtype) and value.size:
                 peaks.setdefault(name, pyarray.array("d")).append(_peak(value))

@@ -53,7 +53,8 @@ def load(
     """
     if hasattr(source, "forward") and hasattr(source, "parameters"):
         if example_inputs is None:
-            raise LoadError(f"loading the PyTorch module {type(source).__name__} needs example_inputs=")
+            raise LoadError(f"loading the PyTorch module {type(source).__name__} needs example_inputs= "
+                            "(requant.quantize takes them from the first calibration sample)")
         model = load_torch(source, example_inputs, dynamic_shapes)
     elif example_inputs is not None or dynamic_shapes is not None:
         raise LoadError("example_inputs and dynamic_shapes are for PyTorch modules, not ONNX models")

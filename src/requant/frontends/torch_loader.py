@@ -20,6 +20,7 @@ Every node gets, in its ``metadata_props``:
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,16 @@ from requant.frontends.onnx_loader import LoadError
 from requant.ir.annotations import load_annotations
 from requant.ir.provenance import MODULE_CLASS_KEY, MODULE_PATH_KEY, module_class, module_path
 
-__all__ = ["MODULE_CLASS_KEY", "MODULE_PATH_KEY", "load_torch", "module_class", "module_path"]
+__all__ = [
+    "MODULE_CLASS_KEY",
+    "MODULE_PATH_KEY",
+    "Examples",
+    "examples_from",
+    "forward_inputs",
+    "load_torch",
+    "module_class",
+    "module_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +62,57 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + "\n  ".join(lines[:8]) + ("\n  ..." if len(lines) > 8 else "")
 
 
+def _arguments(example_inputs: Any) -> tuple[Any, ...]:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
 def _shapes(args: tuple[Any, ...]) -> str:
     def one(a: Any) -> str:
         return f"{list(a.shape)} {str(a.dtype).removeprefix('torch.')}" if hasattr(a, "shape") else type(a).__name__
 
     return ", ".join(one(a) for a in args)
+
+
+def forward_inputs(module: Any) -> tuple[list[str], list[str]]:
+    """The names of ``module.forward``'s positional parameters, and of those without a default."""
+    parameters = inspect.signature(module.forward).parameters.values()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in parameters if p.kind in kinds]
+    return [p.name for p in positional], [p.name for p in positional if p.default is inspect.Parameter.empty]
+
+
+class Examples(dict[str, Any]):
+    """Example inputs by ``forward``'s parameter names (exported as keyword arguments), taken from a sample;
+    ``said``: where they came from and their shapes, as the report says it."""
+
+    said = ""
+
+
+def examples_from(module: Any, sample: Mapping[str, Any], where: str) -> tuple[Examples, dict[str, Any]]:
+    """Example inputs for exporting ``module`` from one sample (``{name: array}``: by ``forward``'s parameter
+    names, or by position where none of its names is one), and their dynamic shapes: the first axis of each
+    tensor with one (the batch) as ``torch.export.Dim.AUTO``, static where the module fixes it."""
+    import numpy as np
+    import torch
+
+    positional, required = forward_inputs(module)
+    name = type(module).__name__
+    if all(key in positional for key in sample):
+        given = sample
+    elif len(sample) == len(required):
+        given = dict(zip(required, sample.values(), strict=True))
+    else:
+        raise LoadError(
+            f"{where} ({', '.join(sample)}) does not fit {name}.forward's inputs ({', '.join(positional)}): give "
+            "the module's example_inputs="
+        )
+    missing = [p for p in required if p not in given]
+    if missing:
+        raise LoadError(f"{where} gives no {', '.join(missing)} for {name}.forward: give the module's example_inputs=")
+    examples = Examples({p: torch.from_numpy(np.ascontiguousarray(given[p])) for p in positional if p in given})
+    examples.said = f"{where}: " + ", ".join(f"{p} {_shapes((t,))}" for p, t in examples.items())
+    dynamic = {p: ({0: torch.export.Dim.AUTO} if t.ndim else None) for p, t in examples.items()}
+    return examples, dynamic
 
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
@@ -85,8 +141,9 @@ def load_torch(
 ) -> ir.Model:
     """Export a ``torch.nn.Module`` with ``torch.onnx.export(dynamo=True)`` and return it as requant's IR.
 
-    ``example_inputs`` is a tensor or a tuple of tensors; ``dynamic_shapes``
-    follows ``torch.export`` (e.g. ``({0: torch.export.Dim("batch")},)``).
+    ``example_inputs`` is a tensor, a tuple of tensors, or a dict of them by ``forward``'s parameter names
+    (keyword arguments: :func:`examples_from`); ``dynamic_shapes`` follows ``torch.export`` (e.g.
+    ``({0: torch.export.Dim("batch")},)``, or by parameter name for a dict).
     """
     try:
         import torch
@@ -97,7 +154,8 @@ def load_torch(
     if not isinstance(module, torch.nn.Module):
         raise LoadError(f"expected a torch.nn.Module, got {type(module).__name__}")
     name = type(module).__name__
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    kwargs = dict(example_inputs) if isinstance(example_inputs, Mapping) else None  # by forward's parameter names
+    args = () if kwargs is not None else _arguments(example_inputs)
     was_training = module.training
     module.eval()
     # torch logs every failed fake-tensor op's stack trace before it raises (screens of them for one wrong
@@ -109,6 +167,7 @@ def load_torch(
         program = torch.onnx.export(
             module,
             args,
+            kwargs=kwargs,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,  # type: ignore[arg-type]
             optimize=False,
@@ -117,7 +176,8 @@ def load_torch(
         )
     except Exception as exc:  # the exporter raises many kinds; the user needs its message, not its advice
         raise LoadError(
-            f"torch.onnx.export (dynamo) failed for module {name}: {_cause(exc)} (example inputs: {_shapes(args)})"
+            f"torch.onnx.export (dynamo) failed for module {name}: {_cause(exc)} (example inputs: "
+            f"{_shapes(args or tuple((kwargs or {}).values()))})"
         ) from None
     finally:
         module.train(was_training)

@@ -14,6 +14,7 @@ import numpy.typing as npt
 import onnx
 import onnx_ir as ir
 
+from requant.calibration.data import labels_of
 from requant.calibration.observers import CalibrationError
 from requant.calibration.samples import iter_samples, split_labels
 from requant.report.latency import session
@@ -110,7 +111,9 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
     known = reference.outputs or []
     outs_f: list[npt.NDArray[Any]] = []
     sums = _Sums([], [], [])
+    targets: list[Any] = []  # a data loader's (x, y): its y
     for i, sample in enumerate(iter_samples(model, data, "evaluation"), start=1):
+        targets.append(getattr(sample, "target", None))
         outs_f.append(reference.run(sample) if i > len(known) else known[i - 1])
         q = np.asarray(q_session.run(None, sample)[0])
         for what, output in (("float", outs_f[-1]), ("quantized", q)):
@@ -120,6 +123,8 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
     reference.outputs = outs_f + known[len(outs_f) :]  # a shorter run keeps what a longer one computed
     top_f, top_q = np.concatenate(sums.tops_f), np.concatenate(sums.tops_q)
     samples = sum(len(per_sample(o)) for o in outs_f)
+    if labels is None:  # class indices a data loader gave beside its inputs, one per prediction
+        labels = labels_of(targets, [len(t) for t in sums.tops_f])
     if labels is not None:
         labels = _checked_labels(labels, len(top_f), samples)
     metrics = {

@@ -34,6 +34,8 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, str]] = [("target", report["target"])]
     if report.get("quantizers", {}).get("preset_choice"):
         rows.append(("preset", report["quantizers"]["preset_choice"]))
+    if report.get("example_inputs"):
+        rows.append(("example inputs", report["example_inputs"]))
     if report.get("method_choice"):
         rows.append(("calibration method", method_summary(report["method_choice"])))
     if report.get("weight_encoding", {}).get("kernels"):

@@ -17,8 +17,11 @@ from typing import Any
 
 import onnx_ir as ir
 
+from requant.calibration.data import first_sample
+from requant.calibration.samples import Samples
 from requant.frontends import LoadError, load
 from requant.frontends.onnx_loader import has_external_data, weight_bytes
+from requant.frontends.torch_loader import examples_from, forward_inputs
 from requant.ir.annotations import iter_values
 from requant.ir.random_ops import seeded
 from requant.passes import get_passes, run_passes
@@ -26,7 +29,7 @@ from requant.passes._rewrite import with_opset
 from requant.passes.compute_in_float32 import HALF
 from requant.targets.registry import Target
 
-__all__ = ["Loaded", "load_model"]
+__all__ = ["Loaded", "examples_from_data", "load_model"]
 
 log = logging.getLogger("requant")
 
@@ -39,6 +42,16 @@ class Loaded:
     decomposed: list[dict[str, str]] = field(default_factory=list)  # what the target's passes rewrote
     compute: str = ""  # the float type the model computes in, when requant changed it
     seeded: list[str] = field(default_factory=list)  # random ops given a seed (requant.ir.random_ops)
+
+
+def examples_from_data(module: Any, samples: Samples) -> tuple[Any, dict[str, Any]]:
+    """A PyTorch module given without ``example_inputs``: its example inputs and dynamic shapes (the batch
+    axis) from the first calibration sample (a generator's first sample is kept for calibration)."""
+    _, required = forward_inputs(module)
+    sample = first_sample(samples.source, required)
+    examples, dynamic = examples_from(module, sample, "the first calibration sample")
+    log.info("%s exported with example inputs from %s", type(module).__name__, examples.said)
+    return examples, dynamic
 
 
 def load_model(source: Any, target: Target, load_options: Mapping[str, Any]) -> Loaded:

@@ -46,6 +46,7 @@ from requant.calibration.runner import terminal_progress
 from requant.calibration.samples import Samples
 from requant.errors import RequantError
 from requant.frontends import LoadError
+from requant.frontends.torch_loader import forward_inputs
 from requant.options import Options
 from requant.pt2e.bias import correct_biases, static_kernels
 from requant.pt2e.equalize import FACTORS, channel_maxima, depthwise_chains, depthwise_inputs, equalize
@@ -173,6 +174,13 @@ def _program(model: Any, options: Options) -> Any:
     if options.example_inputs is None:
         raise LoadError(f"exporting the PyTorch module {type(model).__name__} needs example_inputs=")
     given = options.example_inputs
+    if isinstance(given, Mapping):  # by forward's parameter names (taken from a sample): run positionally
+        positional, _ = forward_inputs(model)
+        if list(given) != positional[: len(given)]:
+            gap = f"{', '.join(given)} leave a gap in {', '.join(positional)}"
+            raise LoadError(f"the {options.target} target runs {type(model).__name__} with positional inputs: {gap}; "
+                            "give example_inputs=")  # fmt: skip
+        given = tuple(given.values())
     args = tuple(given) if isinstance(given, (tuple, list)) else (given,)
     try:
         return torch.export.export(model.eval(), tuple(contiguous(a) for a in args))
