@@ -208,6 +208,19 @@ def _timed(monkeypatch: pytest.MonkeyPatch, *rounds: list[float]) -> list[int]:
     return calls
 
 
+def test_a_faster_int8_model_says_first_what_it_gained_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No alarm: the first line is the speed-up, the size and what the evaluation kept (accuracy with labels)."""
+    _timed(monkeypatch, [1.0, 0.5])
+    digits = Path(__file__).parent.parent / "examples" / "digits"
+    report = requant.quantize(digits / "digits_cnn.onnx", digits / "calib.npz", eval_data=digits / "eval.npz").report
+    size, ev = report["size_bytes"], report["evaluation"]
+    assert report["summary"].splitlines()[0] == (
+        f"int8 model: 2.00x as fast as float (batch 1), {size['quantized'] / size['float']:.2f}x its size, accuracy "
+        f"{ev['float_accuracy']:.4f} -> {ev['int8_accuracy']:.4f} (450 samples)"
+    )
+    assert report["summary"].splitlines()[1] == "target: onnxruntime-cpu"
+
+
 def test_an_int8_model_slower_than_float_gets_its_worst_groups_float(
     detector: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,8 +29,8 @@ def test_the_main_job_runs_as_written() -> None:
     result = subprocess.run(readme_commands()[0].split(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    accuracy = re.search(r"accuracy: float ([\d.]+), int8 ([\d.]+)", out)
-    assert accuracy is not None, out
-    assert float(accuracy.group(2)) >= float(accuracy.group(1)) - 0.01
-    assert "int8 kernels: 3 (QGemm x1, QLinearConv x2)" in out
-    assert (ROOT / "build" / "digits_cnn_int8.onnx").is_file()
+    # MobileNetV2 on 64 crops it was not calibrated on: top-1 agreement 0.92 measured (AMD EPYC)
+    agreement = re.search(r"agreement with float: top-1 ([\d.]+)", out)
+    assert agreement is not None and float(agreement.group(1)) >= 0.85, out
+    assert "int8 kernels: 55 (QGemm x1, QLinearAdd x1, QLinearConv x52, QLinearGlobalAveragePool x1)" in out
+    assert (ROOT / "build" / "mobilenet_v2_int8.onnx").is_file() and (ROOT / "build" / "mobilenet_v2_report.md").is_file()

@@ -26,7 +26,29 @@ from requant.stages import (
     transform,
 )
 
-__all__ = ["SUMMARY", "summary"]
+__all__ = ["ALARMS", "SUMMARY", "headline", "summary"]
+
+
+def headline(report: Mapping[str, Any]) -> list[str]:
+    """The summary's first line where no alarm is: what the int8 model gained (speed, size) and kept (accuracy
+    with labels, else top-1 agreement with float), from the figures the later lines give in full."""
+    if any(alarm(report) for alarm in ALARMS):
+        return []
+    from requant.targets.registry import TARGETS
+
+    parts = []
+    latency, target = report.get("latency_ms_batch1"), TARGETS.get(report.get("target", ""))
+    if latency and latency["quantized"] < latency["float"] and not (target and target.integer_only):  # (its QDQ twin's)
+        parts.append(f"{latency['float'] / latency['quantized']:.2f}x as fast as float (batch 1)")
+    size = report.get("size_bytes")
+    if size:
+        parts.append(f"{size['quantized'] / size['float']:.2f}x its size")
+    ev = report.get("evaluation")
+    if ev and "float_accuracy" in ev:
+        parts.append(f"accuracy {ev['float_accuracy']:.4f} -> {ev['int8_accuracy']:.4f} ({int(ev['samples'])} samples)")
+    elif ev:
+        parts.append(f"top-1 agreement with float {ev['top1_agreement']:.4f} ({int(ev['samples'])} samples)")
+    return ["int8 model: " + ", ".join(parts)] if parts else []
 
 
 def _target(report: Mapping[str, Any]) -> list[str]:
@@ -46,11 +68,13 @@ def _seconds(report: Mapping[str, Any]) -> list[str]:
 
 Lines = Callable[[Mapping[str, Any]], list[str]]
 
+# what makes the model no good, in words: the summary's first lines
+ALARMS: tuple[Lines, ...] = (outputs.alarm_lines, speed.alarm_lines, blocks.alarm_lines)
+
 # the summary's topics, in the order it prints them
 SUMMARY: tuple[Lines, ...] = (
-    outputs.alarm_lines,  # first: what makes the model no good, in words
-    speed.alarm_lines,
-    blocks.alarm_lines,
+    *ALARMS,
+    headline,  # where no alarm is
     _target,
     _fixed_inputs,
     annotate.preset_lines,
