@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,27 @@ def test_sub_channel_shows_grid_and_normal_form(capsys: pytest.CaptureFixture[st
 def test_usage_errors_exit_2() -> None:
     assert run().returncode == 2
     assert run("nonsense").returncode == 2
+
+
+def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--dry-run needs no --calib nor -o, and writes neither the model nor a report it is given; its plan is the
+    annotation a run makes (the digits CNN: its 3 kernels and their Relu/MaxPool/Reshape, its shape arithmetic
+    float), and a flow it cannot plan is refused by name."""
+    digits = str(Path(__file__).parent.parent / "examples" / "digits" / "digits_cnn.onnx")
+    out, page = tmp_path / "out.onnx", tmp_path / "report.json"
+    assert main(["quantize", digits, "--dry-run", "-o", str(out), "--report-json", str(page)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:5] == [
+        "dry run: nothing calibrated, nothing written",
+        "target: onnxruntime-cpu",
+        "preset: INT8_PER_CHANNEL_WEIGHTS (linear layers: 1, convolutions: 2; int8 kernels)",
+        "method: auto (minmax and mean_minmax, the closer to float on held-out calibration samples kept)",
+        "would quantize: 7 of 11 nodes (Conv x2, Gemm x1, MaxPool x1, Relu x2, Reshape x1)",
+    ]
+    assert "  node_Shape_0: Shape is in no pattern of ONNXRUNTIME_CPU_SUPPORT" in printed
+    assert not list(tmp_path.iterdir())
+    assert main(["quantize", digits, "--dry-run", "--method", "minmax", "--preset", "INT8_PER_TENSOR"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "method: minmax" in printed and printed[2].startswith("preset: INT8_PER_TENSOR")
+    assert main(["quantize", digits, "--dry-run", "--target", "executorch-xnnpack"]) != 0
+    assert "--dry-run plans the ONNX targets' runs" in capsys.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ def documented(commands: Any, name: str, summary: str, doc: str | None, **extra:
     return parser
 
 
-def write_all(texts: dict[str, str], save: Callable[[], None] | None = None) -> None:
+def write_all(texts: Mapping[str, str | bytes], save: Callable[[], None] | None = None) -> None:
     """Write the text outputs (reports, pages) and the model (``save``), if any, whole or not at all: the
     texts go to temporary files in their folders first, then the model is saved (itself temporary files
     and renames), then the texts are renamed into place. A failure on the way leaves no output."""
@@ -30,6 +30,11 @@ def write_all(texts: dict[str, str], save: Callable[[], None] | None = None) -> 
         for path, text in texts.items():
             target = Path(path)
             partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+            if isinstance(text, bytes):  # a file copied as it is (a tokenizer's model)
+                with open(partial, "xb") as binary:
+                    staged.append((partial, target))
+                    binary.write(text)
+                continue
             with open(partial, "x", encoding="utf-8") as f:  # the user's umask, unlike mkstemp's 0600
                 staged.append((partial, target))
                 f.write(text)

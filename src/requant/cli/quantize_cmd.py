@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
+from requant.cli.folder_out import folder_of, recipe, side_files
 from requant.cli.parser import write_all
 from requant.errors import RequantError
 from requant.frontends import check_outputs
-from requant.options import OPTIONS, Option, Options
+from requant.options import BLOCKS_PRESET, OPTIONS, Option, Options
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
 from requant.targets.registry import DEFAULT_TARGET
 
@@ -46,6 +48,9 @@ def register(commands: Any) -> None:
     for option in OPTIONS:
         if option.flag is not None:
             _add_flag(sub, option)
+    sub.add_argument("--dry-run", action="store_true", help="print the plan (target, preset, method, the nodes "
+                     "that would be quantized and those that would stay float, with why) and write nothing; "
+                     "--calib and -o are not needed")  # fmt: skip
     sub.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     sub.add_argument("--report-md", metavar="FILE", help="write the report as a Markdown page")
     sub.add_argument(
@@ -94,10 +99,19 @@ def _data(path: str | None, images: Any) -> Any:
     return path
 
 
-def run(args: argparse.Namespace) -> int:
+def _dry_run(source: str, given: dict[str, Any], settings: Any) -> int:
+    """``--dry-run``: the plan printed (:mod:`requant.stages.plan`), nothing read but the model, nothing written."""
+    from requant.stages.plan import plan, plan_lines
+
+    given = {k: v for k, v in given.items() if k != "output"}
+    options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
+    print("\n".join(plan_lines(plan(source, options, settings.preset))))
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The run's settings (the config file's, the flags over them) and its options by name."""
     from requant.config_file import RunSettings, read_config
-    from requant.pipeline import quantize
-    from requant.report.markdown import to_markdown
 
     settings = read_config(args.config) if args.config else RunSettings()
     for flag, key in (("calib", "calib"), ("preset", "preset"), ("report_json", "report_json"),
@@ -106,24 +120,30 @@ def run(args: argparse.Namespace) -> int:
             setattr(settings, key, getattr(args, flag))
     if args.images is not None:
         settings.images = IMAGE_PRESETS[args.images]
-    given = settings.merged(_flags(args))
-    for key, flag, value in (("output", "-o/--output", given.get("output")), ("calib", "--calib", settings.calib)):
-        if value is None:
-            raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
-    options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
-    check_outputs(  # before any work: a refused run writes nothing
-        {"-o": given["output"], "--report-json": settings.report_json, "--report-md": settings.report_markdown,
-         "--report-html": settings.report_html},
-        {"the input model": args.input, "the calibration data": settings.calib,
-         "the evaluation data": given.get("eval_data"), "the config file": args.config},
-        folders=("-o",) if options.flow == "blocks" else (),  # a language model's output folder
-    )  # fmt: skip
-    if options.eval_data is not None:
-        options = dataclasses.replace(options, eval_data=_data(options.eval_data, settings.images))
-    output = str(options.output)
-    # the CLI writes the model with the reports, whole or not at all (write_all): not quantize
-    result = quantize(args.input, _data(settings.calib, settings.images), dataclasses.replace(options, output=None))
-    texts = {}
+    return settings, settings.merged(_flags(args))
+
+
+def _into_folder(args: argparse.Namespace, given: dict[str, Any], settings: Any) -> Path | None:
+    """``-o DIR`` (:mod:`requant.cli.folder_out`): checked (a refused run writes nothing), the model's path in it
+    as the output, its reports there unless given elsewhere; None for ``-o FILE`` and a language model's folder."""
+    folder = None if settings.preset == BLOCKS_PRESET else folder_of(str(given["output"]), given.get("target"))
+    if folder is None:
+        return None
+    check_outputs({"-o": folder[0]}, {"the input model": args.input}, folders=("-o",))
+    given["output"] = str(folder[1])
+    settings.report_json = settings.report_json or str(folder[0] / "report.json")
+    settings.report_markdown = settings.report_markdown or str(folder[0] / "report.md")
+    return folder[0]
+
+
+def _texts(result: Any, settings: Any, folder: Path | None, recipe_text: str, source: str) -> dict[str, str | bytes]:
+    """What is written beside the model: the reports, and in a folder ``requant.toml`` and the side files."""
+    from requant.report.markdown import to_markdown
+
+    texts: dict[str, str | bytes] = {}
+    if folder is not None:
+        texts[str(folder / "requant.toml")] = recipe_text
+        texts.update((str(folder / name), data) for name, data in side_files(source).items())
     if settings.report_json:
         texts[settings.report_json] = json.dumps(result.report, indent=2, sort_keys=True, default=str) + "\n"
     if settings.report_markdown:
@@ -132,11 +152,54 @@ def run(args: argparse.Namespace) -> int:
         from requant.report.html import to_html
 
         texts[settings.report_html] = to_html(result.report)
-    if output.endswith(".mlir"):  # the TOSA program (tosa-int8), written as a text with the rest
-        texts[output] = result.mlir()
-        write_all(texts)
-    else:
-        write_all(texts, lambda: result.save(output))
+    return texts
+
+
+def _write(result: Any, output: str, texts: dict[str, str | bytes], folder: Path | None) -> None:
+    """The model and the texts, whole or not at all; a folder made for them removed again on a failure."""
+    made = folder is not None and not folder.is_dir()
+    if folder is not None and made:
+        folder.mkdir()
+    try:
+        if output.endswith(".mlir"):  # the TOSA program (tosa-int8), written as a text with the rest
+            texts[output] = result.mlir()
+            write_all(texts)
+        else:
+            write_all(texts, lambda: result.save(output))
+    except BaseException:
+        if folder is not None and made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from requant.pipeline import quantize
+
+    settings, given = _settings(args)
+    if args.dry_run:
+        return _dry_run(args.input, given, settings)
+    for key, flag, value in (("output", "-o/--output", given.get("output")), ("calib", "--calib", settings.calib)):
+        if value is None:
+            raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
+    folder = _into_folder(args, given, settings)
+    options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
+    check_outputs(  # before any work: a refused run writes nothing (a folder -o is made when written)
+        {"-o": given["output"] if folder is None or folder.is_dir() else None,
+         "--report-json": settings.report_json if folder is None or folder.is_dir() else None,
+         "--report-md": settings.report_markdown if folder is None or folder.is_dir() else None,
+         "--report-html": settings.report_html},
+        {"the input model": args.input, "the calibration data": settings.calib,
+         "the evaluation data": given.get("eval_data"), "the config file": args.config},
+        folders=("-o",) if options.flow == "blocks" else (),  # a language model's output folder
+    )  # fmt: skip
+    recipe_text = recipe(options, given, settings, args.config) if folder is not None else ""
+    if options.eval_data is not None:
+        options = dataclasses.replace(options, eval_data=_data(options.eval_data, settings.images))
+    output = str(options.output)
+    # the CLI writes the model with the reports, whole or not at all (write_all): not quantize
+    result = quantize(args.input, _data(settings.calib, settings.images), dataclasses.replace(options, output=None))
+    texts = _texts(result, settings, folder, recipe_text, args.input)
+    _write(result, output, texts, folder)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
     for path in dict.fromkeys((output, *texts)):
