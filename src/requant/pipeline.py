@@ -8,7 +8,6 @@ its summary is read from them (:mod:`requant.stages.report`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -20,7 +19,6 @@ import onnx_ir as ir
 
 from requant.backends.tosa import TosaProgram
 from requant.backends.tosa.mlir import to_mlir
-from requant.calibration.data import transformed
 from requant.calibration.samples import KEEP_SAMPLES, Samples
 from requant.errors import RequantError
 from requant.ir.random_ops import unseeded
@@ -32,7 +30,7 @@ from requant.stages.blocks import quantize_blocks
 from requant.stages.budget import keep_float_below, within_budget
 from requant.stages.check import check
 from requant.stages.choose import choose_method
-from requant.stages.load import examples_from_data
+from requant.stages.load import front_door
 from requant.stages.lower import lower
 from requant.stages.outputs import check_outputs
 from requant.stages.report import summary
@@ -82,18 +80,11 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
     started = time.perf_counter()
     options = options or Options.create(**given)
     preflight(options, model, calibration_data)  # before any work: a refused run writes nothing
-    if options.transform is not None:  # NNCF's transform_fn, on each item of iterable data
-        calibration_data = transformed(calibration_data, options.transform, "calibration")
-        evaluation = transformed(options.eval_data, options.transform, "evaluation")
-        options = dataclasses.replace(options, eval_data=evaluation)
-    said = ""
-    if options.example_inputs is None and hasattr(model, "forward") and hasattr(model, "parameters"):
-        calibration_data = Samples(calibration_data)  # opened once: a generator's first sample kept for calibration
-        examples, dynamic = examples_from_data(model, calibration_data)
-        options, said = dataclasses.replace(options, example_inputs=examples, dynamic_shapes=dynamic), examples.said
+    model, calibration_data, options, said = front_door(model, calibration_data, options)
     result: QuantizedModel = FLOWS[options.flow](model, calibration_data, options, started)
-    if said:  # in the report's first lines
-        result.report = {"example_inputs": said, **result.report}
+    if said:  # how the model came in: the report's first entries, and the summary's lines on them
+        result.report = {**said, **result.report}
+        result.report["summary"] = summary(result.report)
     if options.output is not None:
         result.save(options.output)
     return result

@@ -49,8 +49,8 @@ def folder_of(output: str | None, target: str | None) -> tuple[Path, Path] | Non
 
 
 def side_files(model: str) -> dict[Path, bytes]:
-    """The files of :data:`SIDE_FILES` beside ``model`` (a file path), by name, read."""
-    folder = Path(model).parent
+    """The files of :data:`SIDE_FILES` beside ``model`` (a file path), or in it (a Hugging Face folder), read."""
+    folder = Path(model) if Path(model).is_dir() else Path(model).parent
     return {Path(name): (folder / name).read_bytes() for name in SIDE_FILES if (folder / name).is_file()}
 
 

@@ -29,12 +29,15 @@ def register(commands: Any) -> None:
         description="Quantize IN with the calibration data, write OUT, print a summary. "
         "Flags override what the --config file says.",
     )
-    sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt); for --target "
+    sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt), or a Hugging Face "
+                     "folder of a model transformers loads (an encoder, an image classifier: exported by torch); for "
+                     "--target "
                      "executorch-xnnpack, a PyTorch program saved by torch.export.save (.pt2); with --preset "
                      "INT4_BLOCKWISE_WEIGHTS, a language model: an onnxruntime-genai or Hugging Face folder, a "
                      ".gguf file or a causal LM's .onnx (docs/llm.md)")  # fmt: skip
     sub.add_argument("--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder "
-                     "of images; for a language model, text: a .txt file or a folder of them")  # fmt: skip
+                     "of images; for a Hugging Face folder's model or a language model, text: a .txt file or a "
+                     "folder of them (a line a sample for an encoder)")  # fmt: skip
     sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
     sub.add_argument(
         "--preset",

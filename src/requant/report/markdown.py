@@ -34,6 +34,8 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, str]] = [("target", report["target"])]
     if report.get("quantizers", {}).get("preset_choice"):
         rows.append(("preset", report["quantizers"]["preset_choice"]))
+    if report.get("model_source"):
+        rows.append(("model", report["model_source"]))
     if report.get("example_inputs"):
         rows.append(("example inputs", report["example_inputs"]))
     if report.get("method_choice"):

@@ -10,6 +10,7 @@ model computes in (``quantizers.compute``), and the random ops it gave a seed wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,19 +18,21 @@ from typing import Any
 
 import onnx_ir as ir
 
-from requant.calibration.data import first_sample
+from requant.calibration.data import first_sample, transformed
 from requant.calibration.samples import Samples
 from requant.frontends import LoadError, load
+from requant.frontends.hf_folder import is_hf_folder, load_hf_folder
 from requant.frontends.onnx_loader import has_external_data, weight_bytes
 from requant.frontends.torch_loader import examples_from, forward_inputs
 from requant.ir.annotations import iter_values
 from requant.ir.random_ops import seeded
+from requant.options import Options
 from requant.passes import get_passes, run_passes
 from requant.passes._rewrite import with_opset
 from requant.passes.compute_in_float32 import HALF
 from requant.targets.registry import Target
 
-__all__ = ["Loaded", "examples_from_data", "load_model"]
+__all__ = ["Loaded", "examples_from_data", "front_door", "load_model"]
 
 log = logging.getLogger("requant")
 
@@ -42,6 +45,29 @@ class Loaded:
     decomposed: list[dict[str, str]] = field(default_factory=list)  # what the target's passes rewrote
     compute: str = ""  # the float type the model computes in, when requant changed it
     seeded: list[str] = field(default_factory=list)  # random ops given a seed (requant.ir.random_ops)
+
+
+def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any, Options, dict[str, str]]:
+    """What comes in before the flow starts, in requant's forms: the data through ``transform`` (NNCF's
+    ``transform_fn``); a Hugging Face folder exported and text data tokenized with its tokenizer
+    (:mod:`requant.frontends.hf_folder`); a PyTorch module's example inputs from the first calibration
+    sample when not given. The model, the data, the options, and the report's entries on what was done."""
+    said: dict[str, str] = {}
+    if options.transform is not None:
+        calibration = transformed(calibration, options.transform, "calibration")
+        evaluation = transformed(options.eval_data, options.transform, "evaluation")
+        options = dataclasses.replace(options, eval_data=evaluation)
+    if options.flow != "blocks" and is_hf_folder(model):  # (a language model's folder: the blocks flow's)
+        exported = load_hf_folder(model)
+        model, said["model_source"] = exported.model, exported.said
+        calibration = exported.samples(calibration, "calibration")
+        options = dataclasses.replace(options, eval_data=exported.samples(options.eval_data, "evaluation"))
+    if options.example_inputs is None and hasattr(model, "forward") and hasattr(model, "parameters"):
+        calibration = Samples(calibration)  # opened once: a generator's first sample kept for calibration
+        examples, dynamic = examples_from_data(model, calibration)
+        options, said["example_inputs"] = dataclasses.replace(options, example_inputs=examples,
+                                                              dynamic_shapes=dynamic), examples.said  # fmt: skip
+    return model, calibration, options, said
 
 
 def examples_from_data(module: Any, samples: Samples) -> tuple[Any, dict[str, Any]]:

@@ -55,6 +55,11 @@ def _target(report: Mapping[str, Any]) -> list[str]:
     return [f"target: {report['target']}"]
 
 
+def _source(report: Mapping[str, Any]) -> list[str]:
+    lines = [f"model: {report['model_source']}"] if report.get("model_source") else []
+    return lines + ([f"example inputs: {report['example_inputs']}"] if report.get("example_inputs") else [])
+
+
 def _fixed_inputs(report: Mapping[str, Any]) -> list[str]:
     if not report.get("fixed_inputs"):
         return []
@@ -76,6 +81,7 @@ SUMMARY: tuple[Lines, ...] = (
     *ALARMS,
     headline,  # where no alarm is
     _target,
+    _source,
     _fixed_inputs,
     annotate.preset_lines,
     choose.lines,
