@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from requant.runtime import THREADS_VARIABLE
 from tests.mlir_oracle import MlirOracle, mlir_available
 from tests.models import EXPORTS_FOLDER
 
@@ -23,9 +24,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One folder for what the run builds once (``tests.models.once_per_run``: the torch exports, the tiny
+    """With pytest-xdist's workers, one thread each unless set otherwise (``REQUANT_THREADS=1``,
+    ``OMP_NUM_THREADS=1``): ONNX Runtime's spinning thread per core and torch's pool in each worker made the
+    heaviest ONNX Runtime tests 16 % slower and the torch ones 34 % (two at a time on 2 cores: 91 -> 79 s,
+    88 -> 66 s). One folder for what the run builds once (``tests.models.once_per_run``: the torch exports, the tiny
     decoder's folders), shared by pytest-xdist's workers (they inherit it), removed when the process that
     made it ends."""
+    if getattr(config.option, "numprocesses", None):  # workers share the cores: one thread each (inherited)
+        os.environ.setdefault(THREADS_VARIABLE, "1")  # requant's ONNX Runtime sessions (requant.runtime)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torch's and OpenBLAS's pools
     if not os.environ.get(EXPORTS_FOLDER):
         os.environ[EXPORTS_FOLDER] = tempfile.mkdtemp(prefix="requant-test-exports-")
         config.stash[_MADE] = os.environ[EXPORTS_FOLDER]

@@ -58,3 +58,4 @@ def test_a_folder_out_onto_the_input_or_after_a_failure_leaves_nothing(tmp_path:
     np.savez(bad, x=x)
     assert _quantize(str(source / "model.onnx"), "-o", str(tmp_path / "int8"), "--calib", str(bad)) != 0
     assert not (tmp_path / "int8").exists()
+

@@ -69,3 +69,24 @@ def test_a_causal_language_models_folder_is_sent_to_the_weight_blocks(tmp_path: 
     with pytest.raises(LoadError, match=r"holds a causal language model \(.*ForCausalLM\): quantize it with --preset "
                                         "INT4_BLOCKWISE_WEIGHTS"):  # fmt: skip
         requant.quantize(folder, ["Some text to calibrate on."], measure=False)
+
+
+def test_an_image_classifiers_folder_is_exported_with_its_head_and_a_dynamic_batch(tmp_path: Path) -> None:
+    """A ViT with random weights (a transformers config: this finds crashes, not accuracy) saved as a folder."""
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=16, num_labels=5, architectures=["ViTForImageClassification"])  # fmt: skip
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    rng = np.random.default_rng(0)
+    samples = [{"pixel_values": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)} for _ in range(8)]
+    result = requant.quantize(tmp_path / "vit", samples, measure=False)
+    assert result.report["model_source"].startswith(f"the Hugging Face folder '{tmp_path / 'vit'}': ViTForImageClassification")
+    assert result.model is not None and [str(v.name) for v in result.model.graph.outputs] == ["logits"]
+    session = ort.InferenceSession(_bytes(result.model), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, samples[0])
+    assert logits.shape == (2, 5)
+
+
+def _bytes(model: object) -> bytes:
+    import onnx_ir as ir
+
+    return ir.to_proto(model).SerializeToString()  # type: ignore[arg-type]

@@ -140,3 +140,20 @@ def test_a_3d_convolution_runs_int8_in_onnx_runtime() -> None:
     result = requant.quantize(model, calib, eval_data=calib, measure=False)
     assert result.report["lint"]["int8_kernels"] == {"QLinearConv": 1}, result.report["lint"]
     assert result.report["evaluation"]["sqnr_db"] > 30, result.report["evaluation"]
+
+
+def test_requant_threads_caps_every_session_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    from requant.errors import RequantError
+    from requant.runtime import cpu_session
+
+    monkeypatch.setenv("REQUANT_THREADS", "1")
+    for asked in (0, 2):  # ONNX Runtime's default, and a session that asks for more (the latency measurement's)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = asked
+        cpu_session(str(DIGITS / "digits_cnn.onnx"), options)
+        assert options.intra_op_num_threads == 1
+    monkeypatch.setenv("REQUANT_THREADS", "two")
+    with pytest.raises(RequantError, match="REQUANT_THREADS='two': expected a whole number of threads, at least 1"):
+        cpu_session(str(DIGITS / "digits_cnn.onnx"), ort.SessionOptions())

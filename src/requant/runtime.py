@@ -13,6 +13,13 @@ each input of that node with the shape the model declares and, where they differ
 computes (ONNX's inference over the model without its declared inner shapes): a rewrite that gave a value
 a shape or rank its graph does not compute is how requant's own models got refused.
 
+A third: ``REQUANT_THREADS`` (an environment variable, a whole number of at least 1) caps the threads of every
+session requant opens (calibration, comparisons, checks, the latency measurement). ONNX Runtime's
+default, a spinning thread per physical core, suits one process on its own machine; processes sharing the cores
+(a CI runner's jobs, ``pytest -n 2``, a cluster's workers on one node) each spin on all of them: the four
+heaviest model tests of the suite, run two at a time on 2 cores, took 91 s with the default and 79 s with one
+thread each.
+
 A second: NumPy's BLAS computes on one thread while requant alternates it with ONNX Runtime
 (:func:`one_blas_thread`). OpenBLAS's threads keep spinning after a product, on the cores ONNX
 Runtime's runs need next: calibrating EfficientNet-Lite0 with the second moments of its kernels'
@@ -25,6 +32,7 @@ import contextlib
 import contextvars
 import functools
 import io
+import os
 import re
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -35,7 +43,17 @@ from onnx import numpy_helper
 
 from requant.errors import RequantError
 
-__all__ = ["SessionError", "cpu_session", "exact_twin", "in_stage", "one_blas_thread"]
+__all__ = [
+    "THREADS_VARIABLE",
+    "SessionError",
+    "cpu_session",
+    "exact_twin",
+    "in_stage",
+    "one_blas_thread",
+    "session_threads",
+]
+
+THREADS_VARIABLE = "REQUANT_THREADS"
 
 
 _P = ParamSpec("_P")
@@ -95,8 +113,22 @@ def cpu_session(source: Any, options: Any, stage: str = "", *, written: bool = T
         raise SessionError(refusal(source, exc, stage or _stage.get() or "a session", written)) from None
 
 
+def session_threads() -> int | None:
+    """``REQUANT_THREADS``, the threads each of requant's sessions may use (None: ONNX Runtime's default)."""
+    given = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not given:
+        return None
+    if not given.isdigit() or int(given) < 1:
+        raise RequantError(f"{THREADS_VARIABLE}={given!r}: expected a whole number of threads, at least 1")
+    return int(given)
+
+
 def _opened(source: Any, options: Any) -> Any:
     import onnxruntime as ort  # type: ignore[import-untyped]
+
+    threads = session_threads()
+    if threads is not None and not 0 < options.intra_op_num_threads <= threads:  # a cap, on every session
+        options.intra_op_num_threads = threads
 
     if _global_pool:
         options.use_per_session_threads = False

@@ -42,7 +42,11 @@ def folder_of(output: str | None, target: str | None) -> tuple[Path, Path] | Non
     if output is None:
         return None
     path = Path(output)
-    if not (path.is_dir() or path.suffix == ""):
+    try:
+        folder = path.suffix == "" or path.is_dir()
+    except OSError:  # a name too long: the check of the outputs says so
+        folder = False
+    if not folder:
         return None
     backend = get_target(target or DEFAULT_TARGET).backend
     return path, path / MODEL_NAMES.get(backend, "model.onnx")

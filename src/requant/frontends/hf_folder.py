@@ -124,12 +124,17 @@ def load_hf_folder(source: str | os.PathLike[str]) -> HfModel:
     except ImportError:
         raise LoadError(f"reading the Hugging Face folder '{folder}' needs torch and transformers: pip install "
                         "'requant[torch]' transformers") from None  # fmt: skip
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # its loading bars
     try:
         module, task = _module(transformers, folder)
     except LoadError:
         raise
     except Exception as exc:  # transformers raises many kinds for a folder it cannot read
         raise LoadError(f"transformers could not load the model in '{folder}': {type(exc).__name__}: {exc}") from None
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     module = module.float().eval()
     examples, dynamic, tokenizer = _examples(module, folder, transformers)
     model = load_torch(module, examples, dynamic)
