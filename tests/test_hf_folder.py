@@ -15,6 +15,7 @@ import pytest
 import requant
 from requant.cli import main
 from requant.frontends import LoadError
+from requant.frontends.hf_folder import text_rows
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -90,3 +91,47 @@ def _bytes(model: object) -> bytes:
     import onnx_ir as ir
 
     return ir.to_proto(model).SerializeToString()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-layer BERT with random weights and all-MiniLM-L6-v2's tokenizer, saved as a Hugging Face folder."""
+    from tests.models.minilm import model_dir
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                     architectures=["BertModel"])  # fmt: skip
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(model_dir()).save_pretrained(folder)
+    return folder
+
+
+def test_text_from_a_saved_dataset_parquet_json_lines_or_a_list_tokenizes_as_a_text_file_does(
+    tiny_bert: Path, tmp_path: Path
+) -> None:
+    """The same 16 sentences as lines of a .txt file, rows of a saved datasets dataset (--text-field names the
+    column), of a Parquet file, of a JSON-lines file, and a Dataset in memory: one model, to the byte."""
+    import datasets
+    from bench.bench_quantize import sentences
+
+    lines = [s.replace("\n", " ") for s in sentences(16)]
+    (tmp_path / "calib.txt").write_text("\n".join(lines))
+    table = datasets.Dataset.from_dict({"id": list(range(16)), "sentence": lines})
+    table.save_to_disk(str(tmp_path / "saved"))
+    table.to_parquet(str(tmp_path / "calib.parquet"))
+    (tmp_path / "calib.jsonl").write_text("".join(json.dumps({"sentence": s}) + "\n" for s in lines))
+
+    for data in (tmp_path / "saved", tmp_path / "calib.parquet", tmp_path / "calib.jsonl", table):
+        assert text_rows(data, "sentence", "calibration") == lines, data
+    assert text_rows(tmp_path / "calib.txt", "text", "calibration") == text_rows(lines, "text", "calibration") == lines
+
+    def quantized(data: object, field: str = "text") -> bytes:
+        import onnx_ir as ir
+
+        return ir.to_proto(requant.quantize(tiny_bert, data, measure=False, text_field=field).model).SerializeToString()  # type: ignore[arg-type]
+
+    assert quantized(tmp_path / "saved", "sentence") == quantized(tmp_path / "calib.txt")
+    with pytest.raises(LoadError, match=r"the calibration dataset has no column 'text' \(its columns: id, sentence\): "
+                                        "give --text-field"):  # fmt: skip
+        requant.quantize(tiny_bert, tmp_path / "saved", measure=False)

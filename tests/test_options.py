@@ -37,7 +37,7 @@ def test_every_option_with_a_key_is_read_from_the_config_file(tmp_path: Path) ->
     values = {"target": '"tosa-int8"', "method": '"minmax"', "output": '"out.mlir"', "eval": '"eval.npz"',
               "measure": "false", "strict": "true", "bias_correction": "false", "keep_float_below": "29",
               "smoothing": "0.5", "equalization": "false", "rounding": '"double_round"', "accumulator_bits": "16",
-              "fixed_inputs": "{ sr = 16000 }"}  # fmt: skip
+              "fixed_inputs": "{ sr = 16000 }", "text_field": '"sentence"'}  # fmt: skip
     keys = {o.key for o in OPTIONS if o.key is not None}
     # the budget's two: not with keep_float_below; the language models' six: with their preset (below)
     assert keys - {
@@ -55,7 +55,7 @@ def test_every_option_with_a_key_is_read_from_the_config_file(tmp_path: Path) ->
     read = read_config(config).options
     assert read["output"] == str(tmp_path / "out.mlir") and read["eval_data"] == str(tmp_path / "eval.npz")
     assert read["keep_float_below"] == 29.0 and isinstance(read["keep_float_below"], float)
-    assert read["fixed_inputs"] == {"sr": 16000} and read["accumulator_bits"] == 16
+    assert read["fixed_inputs"] == {"sr": 16000} and read["accumulator_bits"] == 16 and read["text_field"] == "sentence"
     options = Options.create(**read)  # together too: tosa-int8's options on tosa-int8, .mlir for it
     assert options.rounding == "double_round" and options.measure is False
 

@@ -196,6 +196,10 @@ OPTIONS: tuple[Option, ...] = (
            "a PyTorch module's example inputs (requant.load)"),
     Option("dynamic_shapes", None, lambda v: True, "dynamic shapes",
            "a PyTorch module's dynamic shapes (requant.load)"),
+    Option("text_field", "text", lambda v: isinstance(v, str) and bool(v), "a column name (a non-empty string)",
+           "a Hugging Face folder's model: the column (or JSON-lines field) of the rows of a dataset given as text "
+           "data (a saved datasets folder, a Parquet or .jsonl file; default: text)", flag="--text-field",
+           key="text_field", metavar="NAME"),
     Option("transform", None, _optional(callable), "a callable, or None",
            "applied to each item of iterable calibration and evaluation data (a DataLoader's batches) before it "
            "is matched to the model's inputs: NNCF's transform_fn (files, arrays and dicts of arrays are read as "
@@ -249,6 +253,7 @@ class Options:
     fixed_inputs: Mapping[str, Any] | None = None
     example_inputs: Any = None
     dynamic_shapes: Any = None
+    text_field: str = "text"
     transform: Any = None
     bits: int | None = None
     block_size: int | None = None

@@ -9,12 +9,15 @@ path is the weight-only blocks: ``--preset INT4_BLOCKWISE_WEIGHTS``, docs/llm.md
 once, in float32 and eval mode, by requant's PyTorch front door (:func:`~requant.frontends.torch_loader.load_torch`)
 with batch and sequence dynamic; its outputs are named as ``transformers`` names them.
 
-Text given as data (a ``.txt`` file, a folder of them, a list of strings) is tokenized with the folder's
-tokenizer: each non-empty line one sample, at most ``MAX_TOKENS`` tokens (:meth:`HfModel.samples`).
+Text given as data is tokenized with the folder's tokenizer, a sample a row, at most ``MAX_TOKENS`` tokens
+(:meth:`HfModel.samples`): a ``.txt`` file or a folder of them (a row a line), a list of strings, a JSON-lines
+file, a Parquet file, a dataset ``datasets`` saved or one in memory (a row each: the ``text_field`` column,
+``"text"`` unless given).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +29,13 @@ import onnx_ir as ir
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import Examples, forward_inputs, load_torch
 
-__all__ = ["MAX_TOKENS", "HfModel", "is_hf_folder", "load_hf_folder"]
+__all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_hf_folder", "load_hf_folder", "text_rows"]
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 HEADLESS = ("ForMaskedLM", "ForPreTraining")  # heads a sentence encoder's folder names, left out (AutoModel)
-MAX_TOKENS = 128  # a calibration line's tokens at most (truncated)
+MAX_TOKENS = 128  # a calibration row's tokens at most (truncated)
+DEFAULT_FIELD = "text"  # the column (or JSON field) of a dataset's rows that holds the text
+SAVED_DATASET = ("dataset_info.json", "state.json", "dataset_dict.json")  # what datasets' save_to_disk writes
 EXAMPLE_TEXT = ["A sentence to export the model with.", "Another, longer sentence to export the encoder with."]
 
 
@@ -51,31 +56,88 @@ class HfModel:
     said: str
     tokenizer: Any = None
 
-    def samples(self, data: Any, what: str) -> Any:
-        """``data`` as samples: text (a ``.txt`` file, a folder of them, a list of strings) tokenized, a line
-        a sample; anything else as it is."""
-        if self.tokenizer is None or not _is_text(data):
+    def samples(self, data: Any, what: str, field: str = DEFAULT_FIELD) -> Any:
+        """``data`` as samples: text (see :func:`text_rows`) tokenized, a row a sample; anything else as it is."""
+        rows = text_rows(data, field, what) if self.tokenizer is not None else None
+        if rows is None:
             return data
-        from requant.llm.text import read_text
-
-        lines = [line.strip() for line in read_text(data, what).splitlines() if line.strip()]
-        if not lines:
-            raise LoadError(f"the {what} text has no lines to tokenize")
+        rows = [row for row in rows if row.strip()]
+        if not rows:
+            raise LoadError(f"the {what} text has no rows to tokenize")
         names = {str(v.name) for v in self.model.graph.inputs}
         samples = []
-        for line in lines:
-            encoded = self.tokenizer(line, truncation=True, max_length=MAX_TOKENS, return_tensors="np")
+        for row in rows:
+            encoded = self.tokenizer(row, truncation=True, max_length=MAX_TOKENS, return_tensors="np")
             samples.append({k: np.asarray(v, np.int64) for k, v in encoded.items() if k in names})
         return samples
 
 
-def _is_text(data: Any) -> bool:
+def text_rows(data: Any, field: str, what: str) -> list[str] | None:
+    """The texts of ``data``, a sample each, or None when ``data`` is not text: a ``.txt`` file or a folder of
+    them (a line each), a list of strings, a JSON-lines file, a Parquet file, a dataset saved by ``datasets``
+    (``save_to_disk``) or one in memory (a row each: its ``field`` column)."""
+    if hasattr(data, "column_names") and hasattr(data, "__getitem__"):  # a datasets.Dataset
+        return _column(data, field, what)
     if isinstance(data, list | tuple):
-        return bool(data) and all(isinstance(s, str) for s in data)
+        return list(data) if data and all(isinstance(s, str) for s in data) else None
     if not isinstance(data, str | os.PathLike):
-        return False
+        return None
     path = Path(data)
-    return path.suffix == ".txt" or (path.is_dir() and any(path.glob("*.txt")))
+    if path.suffix == ".jsonl":
+        return _json_lines(path, field, what)
+    if path.suffix == ".parquet" or (path.is_dir() and any((path / n).is_file() for n in SAVED_DATASET)):
+        return _column(_dataset(path, what), field, what)
+    if path.suffix == ".txt" or (path.is_dir() and any(path.glob("*.txt"))):
+        from requant.llm.text import read_text
+
+        return read_text(data, what).splitlines()
+    return None
+
+
+def _json_lines(path: Path, field: str, what: str) -> list[str]:
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LoadError(f"the {what} text: cannot read '{path}': {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise LoadError(f"the {what} text: '{path}' line {number} is not JSON: {exc}") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise LoadError(f"the {what} text: '{path}' line {number} has no text field '{field}' (give --text-field)")
+        rows.append(row[field])
+    return rows
+
+
+def _dataset(path: Path, what: str) -> Any:
+    """A Parquet file or a folder ``datasets`` saved, read by ``datasets``."""
+    try:
+        import datasets  # type: ignore[import-untyped]
+    except ImportError:
+        raise LoadError(f"the {what} data '{path}' is read by the datasets package: pip install datasets") from None
+    try:
+        if path.suffix == ".parquet":
+            return datasets.Dataset.from_parquet(str(path))
+        return datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises many kinds for a folder it cannot read
+        raise LoadError(f"the {what} data '{path}': datasets could not read it: {type(exc).__name__}: {exc}") from None
+
+
+def _column(dataset: Any, field: str, what: str) -> list[str]:
+    if isinstance(dataset.column_names, dict):  # a DatasetDict: its splits
+        raise LoadError(f"the {what} dataset holds splits ({', '.join(dataset.column_names)}): give one split's "
+                        "folder or dataset")  # fmt: skip
+    if field not in dataset.column_names:
+        raise LoadError(f"the {what} dataset has no column '{field}' (its columns: "
+                        f"{', '.join(dataset.column_names)}): give --text-field")  # fmt: skip
+    values = dataset[field]
+    if not all(isinstance(v, str) for v in values):
+        raise LoadError(f"the {what} dataset's column '{field}' does not hold text")
+    return list(values)
 
 
 def _module(transformers: Any, folder: Path) -> tuple[Any, str]:

@@ -60,8 +60,9 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
     if options.flow != "blocks" and is_hf_folder(model):  # (a language model's folder: the blocks flow's)
         exported = load_hf_folder(model)
         model, said["model_source"] = exported.model, exported.said
-        calibration = exported.samples(calibration, "calibration")
-        options = dataclasses.replace(options, eval_data=exported.samples(options.eval_data, "evaluation"))
+        calibration = exported.samples(calibration, "calibration", options.text_field)
+        evaluation = exported.samples(options.eval_data, "evaluation", options.text_field)
+        options = dataclasses.replace(options, eval_data=evaluation)
     if options.example_inputs is None and hasattr(model, "forward") and hasattr(model, "parameters"):
         calibration = Samples(calibration)  # opened once: a generator's first sample kept for calibration
         examples, dynamic = examples_from_data(model, calibration)
