@@ -135,3 +135,31 @@ def test_text_from_a_saved_dataset_parquet_json_lines_or_a_list_tokenizes_as_a_t
     with pytest.raises(LoadError, match=r"the calibration dataset has no column 'text' \(its columns: id, sentence\): "
                                         "give --text-field"):  # fmt: skip
         requant.quantize(tiny_bert, tmp_path / "saved", measure=False)
+
+
+def test_an_encoder_in_weight_blocks_runs_its_linear_layers_as_matmulnbits_with_the_decoders_rounding(
+    tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--preset INT4_BLOCKWISE_WEIGHTS on an encoder's folder (it was refused as "not a causal language model"):
+    every linear layer's weight in 4-bit blocks of 32, each rounding chosen by its output error on the
+    calibration text, the first output checked against float's on 8 held-out sentences; a folder out. Measured
+    on the real all-MiniLM-L6-v2 (88 sentences, 64 others): mean-pooled cosine 0.9874, 0.9771 at worst."""
+    import onnx
+    from bench.bench_quantize import sentences
+
+    (tmp_path / "calib.txt").write_text("\n".join(s.replace("\n", " ") for s in sentences(32)))
+    out = tmp_path / "int4"
+    code = main(["quantize", str(tiny_bert), "-o", str(out), "--calib", str(tmp_path / "calib.txt"), "--preset",
+                 "INT4_BLOCKWISE_WEIGHTS", "--no-measure"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "weight-only blocks: " in printed and "4 bits, blocks of 32, symmetric (MatMulNBits)" in printed
+    report = json.loads((out / "report.json").read_text())
+    layers = [r for r in report["encoder_blocks"]["records"] if "rounding" in r]
+    graph = onnx.load(str(out / "model.onnx")).graph
+    constants = {t.name for t in graph.initializer}
+    blocks = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    left = [n.name for n in graph.node if n.op_type == "MatMul" and set(n.input) & constants]  # a weight left float
+    assert len(layers) == len(blocks) == 6 and not left, left  # q, k, v, the attention's output, the two MLP layers
+    assert report["outputs"]["samples"] == 8 and report["outputs"]["held_out"]["cosine_similarity"] > 0.95
+    assert (out / "tokenizer.json").is_file() and (out / "requant.toml").is_file()

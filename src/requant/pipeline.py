@@ -158,4 +158,14 @@ def quantize_pt2e(model: Any, calibration_data: Any, options: Options, started: 
 
 
 # each flow's stages, by Options.flow (the target's backend, or "blocks" for a weight-only block preset)
-FLOWS = {"qdq": quantize_onnx, "tosa": quantize_onnx, "executorch": quantize_pt2e, "blocks": quantize_blocks}
+def quantize_weight_blocks(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:
+    """A weight-only block preset's flow: a decoder's (:mod:`requant.stages.blocks`), or any other model's
+    linear layers (:mod:`requant.stages.encoder_blocks`)."""
+    from requant.stages.encoder_blocks import is_decoder, quantize_encoder_blocks
+
+    if is_decoder(model):
+        return quantize_blocks(model, calibration_data, options, started)
+    return quantize_encoder_blocks(model, calibration_data, options, started)
+
+
+FLOWS = {"qdq": quantize_onnx, "tosa": quantize_onnx, "executorch": quantize_pt2e, "blocks": quantize_weight_blocks}

@@ -129,7 +129,10 @@ def _settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 def _into_folder(args: argparse.Namespace, given: dict[str, Any], settings: Any) -> Path | None:
     """``-o DIR`` (:mod:`requant.cli.folder_out`): checked (a refused run writes nothing), the model's path in it
     as the output, its reports there unless given elsewhere; None for ``-o FILE`` and a language model's folder."""
-    folder = None if settings.preset == BLOCKS_PRESET else folder_of(str(given["output"]), given.get("target"))
+    from requant.stages.encoder_blocks import is_decoder
+
+    decoder = settings.preset == BLOCKS_PRESET and is_decoder(args.input)  # its folder: onnxruntime-genai's
+    folder = None if decoder else folder_of(str(given["output"]), given.get("target"))
     if folder is None:
         return None
     check_outputs({"-o": folder[0]}, {"the input model": args.input}, folders=("-o",))

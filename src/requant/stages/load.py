@@ -57,7 +57,7 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
         calibration = transformed(calibration, options.transform, "calibration")
         evaluation = transformed(options.eval_data, options.transform, "evaluation")
         options = dataclasses.replace(options, eval_data=evaluation)
-    if options.flow != "blocks" and is_hf_folder(model):  # (a language model's folder: the blocks flow's)
+    if is_hf_folder(model) and not (options.flow == "blocks" and _causal(model)):  # (a decoder's: its own flow)
         exported = load_hf_folder(model)
         model, said["model_source"] = exported.model, exported.said
         calibration = exported.samples(calibration, "calibration", options.text_field)
@@ -69,6 +69,15 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
         options, said["example_inputs"] = dataclasses.replace(options, example_inputs=examples,
                                                               dynamic_shapes=dynamic), examples.said  # fmt: skip
     return model, calibration, options, said
+
+
+def _causal(folder: Any) -> bool:
+    """Whether a Hugging Face folder's config names a causal language model."""
+    import json
+    from pathlib import Path
+
+    architectures = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or [""]
+    return str(architectures[0]).endswith("ForCausalLM")
 
 
 def examples_from_data(module: Any, samples: Samples) -> tuple[Any, dict[str, Any]]:

@@ -18,6 +18,7 @@ from requant.stages import (
     check,
     choose,
     convert,
+    encoder_blocks,
     joins,
     lower,
     outputs,
@@ -74,7 +75,7 @@ def _seconds(report: Mapping[str, Any]) -> list[str]:
 Lines = Callable[[Mapping[str, Any]], list[str]]
 
 # what makes the model no good, in words: the summary's first lines
-ALARMS: tuple[Lines, ...] = (outputs.alarm_lines, speed.alarm_lines, blocks.alarm_lines)
+ALARMS: tuple[Lines, ...] = (outputs.alarm_lines, speed.alarm_lines, blocks.alarm_lines, encoder_blocks.alarm_lines)
 
 # the summary's topics, in the order it prints them
 SUMMARY: tuple[Lines, ...] = (
@@ -94,6 +95,7 @@ SUMMARY: tuple[Lines, ...] = (
     lower.lines,
     pte.lines,
     blocks.lines,
+    encoder_blocks.lines,
     convert.encoding_lines,
     convert.lint_lines,  # and the size
     speed.latency_lines,
