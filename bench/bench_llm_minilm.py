@@ -153,11 +153,12 @@ def _requant(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]
     from requant.llm.blocks import BlockFormat
     from requant.llm.nbits import linear_weights, to_matmul_nbits
     from requant.stages.blocks import METHODS, scale_search
+    from requant.stages.encoder_blocks import InputMoments
 
     fmt = BlockFormat(args.bits, args.block, not args.asymmetric)
     model = ir.load(path)
     layers = linear_weights(model.graph)
-    observers = {str(node.inputs[0].name): _Moments() for node, _ in layers.values()}  # type: ignore[union-attr]
+    observers = {str(node.inputs[0].name): InputMoments() for node, _ in layers.values()}  # type: ignore[union-attr]
     collect(model, calib, observers)
     moments = {name: observers[str(node.inputs[0].name)].total for name, (node, _) in layers.items()}  # type: ignore[union-attr]
     scales = scale_search(model.graph, fmt)
@@ -168,20 +169,6 @@ def _requant(path: Path, out: Path, args: Any, calib: list[dict[str, np.ndarray]
     chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
     alphas = Counter(g["alpha"] for g in scales.records)
     return {"roundings": dict(sorted(chosen.items())), "alphas": {str(a): n for a, n in sorted(alphas.items())}}
-
-
-class _Moments:
-    """An observer of ``sum x x^T`` over a value's last axis (float64)."""
-
-    batchable = False
-
-    def __init__(self) -> None:
-        self.total: Any = None
-
-    def update(self, value: np.ndarray) -> None:
-        rows = np.asarray(value, np.float64).reshape(-1, value.shape[-1])
-        product = rows.T @ rows
-        self.total = product if self.total is None else self.total + product
 
 
 def _cosine(reference: list[np.ndarray], got: list[np.ndarray]) -> float:

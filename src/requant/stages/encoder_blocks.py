@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from requant.options import Options
     from requant.pipeline import QuantizedModel
 
-__all__ = ["FAR_COSINE", "HELD_OUT", "alarm_lines", "is_decoder", "lines", "quantize_encoder_blocks"]
+__all__ = ["FAR_COSINE", "HELD_OUT", "InputMoments", "alarm_lines", "is_decoder", "lines", "quantize_encoder_blocks"]
 
 HELD_OUT = 8  # calibration samples held out to check the output (when there are three times as many)
 FAR_COSINE = 0.9  # a held-out cosine to float's below this: an alarm (MiniLM at 4 bits / 128: 0.986)
@@ -66,7 +66,7 @@ def is_decoder(model: Any) -> bool:
     return "input_ids" in inputs and "logits" in outputs
 
 
-class _Moments:
+class InputMoments:
     """``sum x x^T`` over a value's last axis (float64), as the decoders' flow gathers it."""
 
     batchable = False
@@ -87,7 +87,7 @@ def _round(model: ir.Model, samples: list[Any], options: Options) -> list[dict[s
     if not layers:
         raise ArgumentError("the model has no linear layer with a constant weight: INT4_BLOCKWISE_WEIGHTS has "
                             "nothing to put in blocks (the default presets quantize its activations)")  # fmt: skip
-    observers = {str(node.inputs[0].name): _Moments() for node, _ in layers.values()}  # type: ignore[union-attr]
+    observers = {str(node.inputs[0].name): InputMoments() for node, _ in layers.values()}  # type: ignore[union-attr]
     collect(model, samples, cast("Mapping[str, Observer]", observers), options.progress)  # (duck-typed observers)
     moments = {name: observers[str(node.inputs[0].name)].total for name, (node, _) in layers.items()}  # type: ignore[union-attr]
     scales = scale_search(model.graph, fmt)
