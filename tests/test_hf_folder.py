@@ -40,6 +40,7 @@ def test_an_encoders_folder_and_text_give_a_folder_its_users_tooling_opens(tmp_p
                      str(tmp_path / "eval.txt"), "--no-measure"])  # fmt: skip
     assert code == 0, printed.getvalue()
     assert "model: the Hugging Face folder" in printed.getvalue() and "BertModel" in printed.getvalue()
+    assert "cosine to float 0.99" in printed.getvalue().splitlines()[0]  # hidden states: no top-1 class
     for name in ("model.onnx", "requant.toml", "report.json", "config.json", "tokenizer.json", "vocab.txt"):
         assert (out / name).is_file(), name
     assert "BertModel" in json.loads((out / "report.json").read_text())["model_source"]

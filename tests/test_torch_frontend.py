@@ -89,16 +89,21 @@ def test_a_wrongly_shaped_example_is_one_line_naming_the_op_and_the_shapes() -> 
     summarizes and the example's shapes, and nothing else reaches the terminal (run apart: pytest's own log
     capture would hide torch's printing)."""
     script = (
-        "import torch, requant\n"
-        "try:\n"
-        "    requant.load(torch.nn.Sequential(torch.nn.Linear(16, 8)), example_inputs=(torch.randn(1, 12),))\n"
-        "except requant.RequantError as e:\n"
-        "    print(e)\n"
+        "import numpy, torch, requant\n"
+        "net, x = torch.nn.Sequential(torch.nn.Linear(16, 8)), torch.randn(1, 12)\n"
+        "for run in (lambda: requant.load(net, example_inputs=(x,)), lambda: requant.quantize(net, [x.numpy()], "
+        "target='executorch-xnnpack', measure=False)):\n"
+        "    try:\n"
+        "        run()\n"
+        "    except requant.RequantError as e:\n"
+        "        print(e)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
-    assert done.stdout.strip() == ("torch.onnx.export (dynamo) failed for module Sequential: RuntimeError: a and b "
-                                   "must have same reduction dim, but got [1, 12] X [16, 8]. (example inputs: [1, 12] "
-                                   "float32)")  # fmt: skip
+    why = "RuntimeError: a and b must have same reduction dim, but got [1, 12] X [16, 8]. (example inputs: [1, 12] float32)"
+    assert done.stdout.strip().splitlines() == [  # the executorch target's export (torch.export) says it the same way
+        f"torch.onnx.export (dynamo) failed for module Sequential: {why}",
+        f"torch.export.export failed for module Sequential: {why}",
+    ]
     assert "Traceback" not in done.stderr and "\x1b[" not in done.stderr and "torchvision" not in done.stderr, done.stderr
 
 

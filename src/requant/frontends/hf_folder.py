@@ -151,7 +151,8 @@ def _module(transformers: Any, folder: Path) -> tuple[Any, str]:
     if named is None or architecture.endswith(HEADLESS):
         left_out = f", its {architecture} head left out" if architecture else ""
         return transformers.AutoModel.from_pretrained(folder), f"{config.model_type}, feature extraction{left_out}"
-    return named.from_pretrained(folder), architecture
+    headless = architecture.endswith("Model")  # BertModel: the hidden states, as feature extraction reads them
+    return named.from_pretrained(folder), architecture + (", feature extraction" if headless else "")
 
 
 def _examples(module: Any, folder: Path, transformers: Any) -> tuple[Examples, dict[str, Any], Any]:

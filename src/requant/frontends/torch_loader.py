@@ -37,10 +37,13 @@ __all__ = [
     "MODULE_PATH_KEY",
     "Examples",
     "examples_from",
+    "export_cause",
     "forward_inputs",
     "load_torch",
     "module_class",
     "module_path",
+    "quiet_torch",
+    "shapes_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SUMMARY = re.compile(r"## Exception summary\s*\n\s*<class '([\w.]+)'>: (.+)")
 
 
-def _cause(exc: BaseException) -> str:
+class quiet_torch:  # noqa: N801 - used as a function
+    """torch's loggers that print every failed fake-tensor op's stack trace before it raises (screens of them for
+    one wrong shape) silenced until :meth:`close`: requant's error says what failed."""
+
+    def __init__(self) -> None:
+        self.levels = {logging.getLogger(n): logging.getLogger(n).level for n in _NOISY}
+        for logger in self.levels:
+            logger.setLevel(logging.CRITICAL)
+
+    def close(self) -> None:
+        for logger, level in self.levels.items():
+            logger.setLevel(level)
+
+
+def export_cause(exc: BaseException) -> str:
     """The exporter's error in a few lines: the exception its summary names (torch's advice on filing issues
     and its colour codes left out), else its first lines."""
     text = _ANSI.sub("", str(exc)).strip()
@@ -66,7 +83,7 @@ def _arguments(example_inputs: Any) -> tuple[Any, ...]:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _shapes(args: tuple[Any, ...]) -> str:
+def shapes_text(args: tuple[Any, ...]) -> str:
     def one(a: Any) -> str:
         return f"{list(a.shape)} {str(a.dtype).removeprefix('torch.')}" if hasattr(a, "shape") else type(a).__name__
 
@@ -110,7 +127,7 @@ def examples_from(module: Any, sample: Mapping[str, Any], where: str) -> tuple[E
     if missing:
         raise LoadError(f"{where} gives no {', '.join(missing)} for {name}.forward: give the module's example_inputs=")
     examples = Examples({p: torch.from_numpy(np.ascontiguousarray(given[p])) for p in positional if p in given})
-    examples.said = f"{where}: " + ", ".join(f"{p} {_shapes((t,))}" for p, t in examples.items())
+    examples.said = f"{where}: " + ", ".join(f"{p} {shapes_text((t,))}" for p, t in examples.items())
     dynamic = {p: ({0: torch.export.Dim.AUTO} if t.ndim else None) for p, t in examples.items()}
     return examples, dynamic
 
@@ -158,12 +175,8 @@ def load_torch(
     args = () if kwargs is not None else _arguments(example_inputs)
     was_training = module.training
     module.eval()
-    # torch logs every failed fake-tensor op's stack trace before it raises (screens of them for one wrong
-    # shape): the error below says what failed
-    quiet = {logging.getLogger(n): logging.getLogger(n).level for n in _NOISY}
-    for logger in quiet:
-        logger.setLevel(logging.CRITICAL)
     try:
+        quiet = quiet_torch()
         program = torch.onnx.export(
             module,
             args,
@@ -176,13 +189,12 @@ def load_torch(
         )
     except Exception as exc:  # the exporter raises many kinds; the user needs its message, not its advice
         raise LoadError(
-            f"torch.onnx.export (dynamo) failed for module {name}: {_cause(exc)} (example inputs: "
-            f"{_shapes(args or tuple((kwargs or {}).values()))})"
+            f"torch.onnx.export (dynamo) failed for module {name}: {export_cause(exc)} (example inputs: "
+            f"{shapes_text(args or tuple((kwargs or {}).values()))})"
         ) from None
     finally:
         module.train(was_training)
-        for logger, level in quiet.items():
-            logger.setLevel(level)
+        quiet.close()
     if program is None:  # pragma: no cover - dynamo=True always returns a program
         raise LoadError(f"torch.onnx.export returned nothing for module {name}")
     model: ir.Model = program.model

@@ -47,6 +47,8 @@ def headline(report: Mapping[str, Any]) -> list[str]:
     ev = report.get("evaluation")
     if ev and "float_accuracy" in ev:
         parts.append(f"accuracy {ev['float_accuracy']:.4f} -> {ev['int8_accuracy']:.4f} ({int(ev['samples'])} samples)")
+    elif ev and "feature extraction" in report.get("model_source", ""):  # hidden states: no class to agree on
+        parts.append(f"cosine to float {ev['cosine_similarity']:.5f} ({int(ev['samples'])} rows)")
     elif ev:
         parts.append(f"top-1 agreement with float {ev['top1_agreement']:.4f} ({int(ev['samples'])} samples)")
     return ["int8 model: " + ", ".join(parts)] if parts else []
