@@ -18,6 +18,7 @@ file, a Parquet file, a dataset ``datasets`` saved or one in memory (a row each:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import Examples, forward_inputs, load_torch
 
 __all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_hf_folder", "load_hf_folder", "text_rows"]
+
+log = logging.getLogger("requant")
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 HEADLESS = ("ForMaskedLM", "ForPreTraining")  # heads a sentence encoder's folder names, left out (AutoModel)
@@ -178,9 +181,31 @@ def _examples(module: Any, folder: Path, transformers: Any) -> tuple[Examples, d
                     "image size in its config): export it to ONNX yourself, or give the module with example_inputs=")
 
 
+_LAST: dict[tuple[Any, ...], HfModel] = {}  # the last folder exported, by its files' paths, sizes and times
+
+
+def _stamp(folder: Path) -> tuple[Any, ...]:
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return (str(folder.resolve()), *((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
 def load_hf_folder(source: str | os.PathLike[str]) -> HfModel:
-    """The model of the Hugging Face folder ``source``, exported (see the module's docstring)."""
+    """The model of the Hugging Face folder ``source``, exported (see the module's docstring); the last folder's
+    export is kept for the process and given again (a copy) while none of its files changed: a notebook trying
+    options on one folder exports it once (MiniLM: 15 s)."""
     folder = Path(source)
+    stamp = _stamp(folder)
+    if stamp in _LAST:
+        kept = _LAST[stamp]
+        log.info("%s: the export of an earlier run, its files unchanged", folder)
+        return HfModel(kept.model.clone(), kept.said, kept.tokenizer)
+    exported = _export(folder)
+    _LAST.clear()
+    _LAST[stamp] = exported
+    return HfModel(exported.model.clone(), exported.said, exported.tokenizer)
+
+
+def _export(folder: Path) -> HfModel:
     try:
         import torch
         import transformers
