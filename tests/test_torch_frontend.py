@@ -135,3 +135,28 @@ def test_digits_cnn_trains_exports_and_runs_the_same(tmp_path: Path) -> None:
     got = ort_run(again, x_test)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     assert float((got.argmax(1) == y_test).mean()) == accuracy
+
+
+def test_torchs_full_text_is_the_errors_detail_and_verbose_prints_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one line stays the message; torch's whole report (no colour codes) is ``detail``, which the command
+    line prints after the line with ``--verbose`` and otherwise points to."""
+    from requant.cli import main, quantize_cmd
+
+    with pytest.raises(LoadError) as caught:
+        requant.load(nn.Sequential(nn.Linear(16, 8)), example_inputs=(torch.randn(1, 12),))
+    error = caught.value
+    assert "\n" not in str(error) and "must have same reduction dim" in error.detail and "\x1b[" not in error.detail
+    assert len(error.detail.splitlines()) > 5  # torch's report: its steps, the exception, its advice
+
+    def failing(args: object) -> int:
+        raise error
+
+    monkeypatch.setattr(quantize_cmd, "run", failing)  # the export inside a run: its error, as the CLI gets it
+    digits = str(Path(__file__).parent.parent / "examples" / "digits" / "digits_cnn.onnx")
+    assert main(["quantize", digits, "-o", "x.onnx", "--calib", "c.npz"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"requant quantize: error: {error}\n") and "requant --verbose" in err and error.detail not in err
+    assert main(["--verbose", "quantize", digits, "-o", "x.onnx", "--calib", "c.npz"]) == 1
+    assert error.detail in capsys.readouterr().err

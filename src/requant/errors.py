@@ -10,7 +10,11 @@ __all__ = ["ArgumentError", "QuantTypeError", "RequantError"]
 
 
 class RequantError(Exception):
-    """Root of requant's errors: bad input, unsupported request, failed check."""
+    """Root of requant's errors: bad input, unsupported request, failed check. ``detail``: the full text of what
+    caused it where the message summarizes it in a line (torch's export report), which ``requant --verbose``
+    prints."""
+
+    detail: str = ""
 
 
 class QuantTypeError(RequantError, ValueError):

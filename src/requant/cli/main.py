@@ -14,6 +14,8 @@ __all__ = ["main"]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="requant", description="requant: a post-training quantization compiler.")
+    parser.add_argument("--verbose", action="store_true", help="after an error, the full text of what caused it "
+                        "(torch's export report, ...), where requant's one line summarizes it")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     type_cmd.register(commands)
     opt_cmd.register(commands)
@@ -31,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: int = args.run(args)
     except RequantError as exc:
         print(f"requant {args.command}: error: {exc}", file=sys.stderr)
+        if exc.detail and args.verbose:
+            print(f"\n{exc.detail}", file=sys.stderr)
+        elif exc.detail:
+            print("(requant --verbose ... prints the full text)", file=sys.stderr)
         return 1
     return result
 

@@ -38,6 +38,7 @@ __all__ = [
     "Examples",
     "examples_from",
     "export_cause",
+    "export_error",
     "forward_inputs",
     "load_torch",
     "module_class",
@@ -66,6 +67,14 @@ class quiet_torch:  # noqa: N801 - used as a function
     def close(self) -> None:
         for logger, level in self.levels.items():
             logger.setLevel(level)
+
+
+def export_error(what: str, exc: BaseException, args: tuple[Any, ...]) -> LoadError:
+    """``what`` failed: a :class:`LoadError` of one line (torch's exception, the example's shapes), with torch's
+    whole text, its colour codes removed, as its ``detail`` (``requant --verbose`` prints it)."""
+    error = LoadError(f"{what}: {export_cause(exc)} (example inputs: {shapes_text(args)})")
+    error.detail = _ANSI.sub("", str(exc)).strip()
+    return error
 
 
 def export_cause(exc: BaseException) -> str:
@@ -188,9 +197,8 @@ def load_torch(
             report=False,
         )
     except Exception as exc:  # the exporter raises many kinds; the user needs its message, not its advice
-        raise LoadError(
-            f"torch.onnx.export (dynamo) failed for module {name}: {export_cause(exc)} (example inputs: "
-            f"{shapes_text(args or tuple((kwargs or {}).values()))})"
+        raise export_error(
+            f"torch.onnx.export (dynamo) failed for module {name}", exc, args or tuple((kwargs or {}).values())
         ) from None
     finally:
         module.train(was_training)

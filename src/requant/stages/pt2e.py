@@ -46,7 +46,7 @@ from requant.calibration.runner import terminal_progress
 from requant.calibration.samples import Samples
 from requant.errors import RequantError
 from requant.frontends import LoadError
-from requant.frontends.torch_loader import export_cause, forward_inputs, quiet_torch, shapes_text
+from requant.frontends.torch_loader import export_error, forward_inputs, quiet_torch
 from requant.options import Options
 from requant.pt2e.bias import correct_biases, static_kernels
 from requant.pt2e.equalize import FACTORS, channel_maxima, depthwise_chains, depthwise_inputs, equalize
@@ -186,8 +186,7 @@ def _program(model: Any, options: Options) -> Any:
     try:
         return torch.export.export(model.eval(), tuple(contiguous(a) for a in args))
     except Exception as exc:  # torch's message in a few lines, as the ONNX targets' front door says it
-        raise LoadError(f"torch.export.export failed for module {type(model).__name__}: {export_cause(exc)} "
-                        f"(example inputs: {shapes_text(args)})") from None  # fmt: skip
+        raise export_error(f"torch.export.export failed for module {type(model).__name__}", exc, args) from None
     finally:
         quiet.close()
 
