@@ -93,3 +93,14 @@ def test_the_executorch_target_takes_its_example_from_the_first_sample_too(digit
     result = requant.quantize(net, calibration, target="executorch-xnnpack", measure=False)
     assert result.report["example_inputs"] == "the first calibration sample: x [16, 1, 8, 8] float32"
     assert result.pte is not None
+
+
+def test_an_accuracy_budget_reads_a_data_loaders_labels(digits: Any) -> None:
+    """The budget measures accuracy (the default with labels, or asked for) from the (image, label) batches."""
+    net, data = digits
+    calibration, evaluation = _loaders(data)
+    for metric in (None, "accuracy"):
+        report = requant.quantize(net, calibration, eval_data=evaluation, measure=False, max_drop=0.05,
+                                  metric=metric).report  # fmt: skip
+        budget = report["accuracy_budget"]
+        assert budget["metric"] == "accuracy" and budget["met"], budget

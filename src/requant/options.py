@@ -306,8 +306,9 @@ class Options:
         if self.metric == "detections" and backend == "executorch":  # decoded from every output of an ONNX model
             raise ArgumentError("metric 'detections' is measured by the ONNX targets' budget; the executorch-xnnpack "
                                 "target's measures accuracy, top1 or cosine")
-        if self.metric == "accuracy" and not _has_labels(self.eval_data):
-            raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array)")
+        if self.metric == "accuracy" and not _has_labels(self.eval_data):  # (an iterable's targets: read later)
+            raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array, or a data "
+                                "loader's (x, y) with class indices y)")  # fmt: skip
 
     def _not_here(self, option: Option) -> str:
         """Why ``option`` is refused in this run's flow."""
@@ -392,9 +393,11 @@ def _replace(options: Options, **changes: Any) -> Options:
 
 
 def _has_labels(data: Any) -> bool:
+    """Labels in ``data`` (a path: its labels array read alone); an iterable may give them as targets."""
+    from requant.calibration.data import iterable
     from requant.calibration.samples import split_labels
 
-    return split_labels(data, set())[1] is not None  # (a path: its labels array read alone)
+    return iterable(data) or split_labels(data, set())[1] is not None
 
 
 def check_table() -> None:

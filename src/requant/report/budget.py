@@ -88,7 +88,8 @@ def choose_metric(metric: str | None, has_labels: bool, detector: bool = False) 
     if metric not in METRICS:
         raise BudgetError(f"the budget's metric {metric!r} is not one of {', '.join(METRICS)}")
     if metric == "accuracy" and not has_labels:
-        raise BudgetError("the budget's metric 'accuracy' needs labels in the evaluation data ('labels')")
+        raise BudgetError("the budget's metric 'accuracy' needs labels in the evaluation data ('labels', or a data "
+                          "loader's (x, y) with class indices y)")  # fmt: skip
     if metric == "detections" and not detector:
         raise BudgetError("the budget's metric 'detections' needs a detector: no output of the model is a detection "
                           "head on the evaluation data (boxes and class scores, YOLO's [1, 4 + classes, anchors])")
@@ -97,6 +98,9 @@ def choose_metric(metric: str | None, has_labels: bool, detector: bool = False) 
 
 def drop(evaluation: Mapping[str, float], metric: str) -> float:
     """How much the int8 model loses on ``metric``, from an evaluation record (``requant.quantize``'s)."""
+    if metric == "accuracy" and "float_accuracy" not in evaluation:  # a data loader's targets, not all class indices
+        raise BudgetError("the budget's metric 'accuracy' needs a class index per prediction: the evaluation data's "
+                          "targets are not all integers of one value per sample row")  # fmt: skip
     if metric == "accuracy":
         return evaluation["float_accuracy"] - evaluation["int8_accuracy"]
     if metric == "top1":

@@ -93,7 +93,13 @@ class _Search:
         return split_labels(self.evaluation, {str(v.name) for v in self.first.converted.model.graph.inputs})
 
     def labelled(self) -> bool:
-        return self._data()[1] is not None
+        """Labels: a ``labels`` array, or integer targets a data loader gives with each sample (``(x, y)``)."""
+        data, labels = self._data()
+        if labels is not None:
+            return True
+        first = next(iter_samples(self.first.converted.model, data, "evaluation"))
+        target = getattr(first, "target", None)
+        return target is not None and np.asarray(target).dtype.kind in "iu"
 
     def detector(self) -> bool:
         """Whether the float model's outputs on the evaluation samples hold a detection head (the others run
