@@ -142,7 +142,7 @@ def test_a_group_between_int8_convs_stays_int8_where_it_saves_conversions(tmp_pa
     ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
     assert {"QLinearSigmoid", "QLinearMul"} <= set(ops) and ops.count("QLinearConv") == 2
     markdown = to_markdown(result.report)
-    assert "1 groups of int8 ops between kernels stay int8" in markdown
+    assert "1 group of int8 ops between kernels stays int8" in markdown
 
 
 def test_a_data_movement_op_named_float_shares_nothing() -> None:
@@ -198,9 +198,9 @@ def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
     row = f"| Sigmoid | float | {int8_us} | {float_us} | float is cheaper: {float_us} us against {int8_us} us in int8 |"
     assert row in to_markdown(result.report)
     page = to_html(result.report)
-    assert "1 groups of int8 ops between kernels, placed by modelled cost (1 kept float)" in page
+    assert "1 group of int8 ops between kernels, placed by modelled cost (1 kept float)" in page
     assert (
-        "placement: 1 groups of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
+        "placement: 1 group of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
     )
 
 

@@ -388,7 +388,8 @@ def _decisions(report: Mapping[str, Any]) -> list[str]:
         parts.append(_table(["node", "rewritten into", "why"], decomposed))
     if placed:
         by_table = len(placements) - len(groups)
-        parts.append(f"<details><summary>{len(groups)} groups of int8 ops between kernels, placed by modelled "
+        counted = f"{len(groups)} group{'' if len(groups) == 1 else 's'}"
+        parts.append(f"<details><summary>{counted} of int8 ops between kernels, placed by modelled "
                      f"cost ({sum(1 for p in groups if p['placed'] == 'float')} kept float)"
                      + (f"; {by_table} ops the target's table keeps float, priced" if by_table else "")
                      + "</summary>")  # fmt: skip

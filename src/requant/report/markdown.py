@@ -173,7 +173,10 @@ def _quantizers(quantizers: Mapping[str, Any]) -> list[str]:
                 for p in shown
             ])  # fmt: skip
         if len(shown) < len(placements):
-            lines += [f"{len(placements) - len(shown)} groups of int8 ops between kernels stay int8: cheaper than "
+            left = len(placements) - len(shown)
+            said = (f"{left} groups of int8 ops between kernels stay" if left != 1
+                    else "1 group of int8 ops between kernels stays")  # fmt: skip
+            lines += [f"{said} int8: cheaper than "
                       "float with their conversions.", ""]  # fmt: skip
     for warning in quantizers.get("warnings", []):
         lines += [f"> **Warning:** {warning}", ""]

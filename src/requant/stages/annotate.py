@@ -135,6 +135,10 @@ def compute_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _groups(count: int) -> str:
+    return f"{count} group" + ("" if count == 1 else "s")
+
+
 def placement_lines(report: Mapping[str, Any]) -> list[str]:
     """The summary's line on placement: groups kept float by cost, ops kept float by the table."""
     placed = report.get("quantizers", {}).get("placements", [])
@@ -142,7 +146,7 @@ def placement_lines(report: Mapping[str, Any]) -> list[str]:
         return []
     groups = [p for p in placed if p.get("by", "cost") == "cost"]
     floats = [p for p in groups if p["placed"] == "float"]
-    line = f"placement: {len(groups)} groups of int8 ops between kernels, {len(floats)} kept float"
+    line = f"placement: {_groups(len(groups))} of int8 ops between kernels, {len(floats)} kept float"
     if floats:
         saved = sum(p["int8_us"] - p["float_us"] for p in floats)
         named = ", ".join("/".join(p["ops"]) for p in floats[:4]) + (", ..." if len(floats) > 4 else "")
