@@ -12,8 +12,9 @@ Accepted forms:
   (:func:`matched`): a dict by its names, or by position where none of its names is an input's and it
   has one entry per input (``{"input": x}`` for an input named ``x``); a tuple or list by position,
   where one element more than the model has inputs is the target a data loader yields with them
-  (``(x, y)``), not fed; one array or tensor, for a single-input model. Torch tensors are read as
-  arrays (``map(transform, loader)`` applies NNCF's ``transform_fn`` first);
+  (``(x, y)``), not fed (kept as the sample's ``target``: :class:`Labelled`); one array or tensor, for a
+  single-input model. Torch tensors are read as arrays (``transform=``, NNCF's ``transform_fn``, is applied
+  to each item first: :func:`transformed`);
 - an :class:`~requant.calibration.images.ImageFolder`: a folder of images with its stated
   preprocessing (a folder of images given as a plain path is an error that says so).
 
@@ -495,14 +496,13 @@ def checked_samples(model: ir.Model, source: Any, what: str = "calibration") -> 
     fed = [str(v.name) for v in inputs if str(v.name) not in fixed]
     raws = source.samples(model, inputs) if isinstance(source, ImageFolder) else _raw(source, single, what, fed)
     for count, raw in enumerate(raws, start=1):
+        target = getattr(raw, "target", None)  # a data loader's (x, y): y, kept beside the checked sample
         if fixed and isinstance(raw, Mapping):  # given once for all: not fed
-            target = getattr(raw, "target", None)
-            raw = Labelled((name, array) for name, array in raw.items() if name not in fixed)
-            raw.target = target
+            raw = {name: array for name, array in raw.items() if name not in fixed}
         sample = _check(specs, raw, f"{what} sample {count}", hint)
-        if isinstance(raw, Labelled) and raw.target is not None:  # the data loader's target kept beside it
+        if target is not None:
             sample = Labelled(sample)
-            sample.target = raw.target
+            sample.target = target
         for name, value in sample.items():
             if _floating(value.dtype) and value.size:
                 peaks.setdefault(name, pyarray.array("d")).append(_peak(value))

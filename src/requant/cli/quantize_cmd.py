@@ -189,11 +189,10 @@ def run(args: argparse.Namespace) -> int:
             raise RequantError(f"no {key}: give {flag} or set '{key}' in the --config file")
     folder = _into_folder(args, given, settings)
     options = Options.create(**given, quantizer=settings.quantizer(given.get("target", DEFAULT_TARGET)))
-    check_outputs(  # before any work: a refused run writes nothing (a folder -o is made when written)
-        {"-o": given["output"] if folder is None or folder.is_dir() else None,
-         "--report-json": settings.report_json if folder is None or folder.is_dir() else None,
-         "--report-md": settings.report_markdown if folder is None or folder.is_dir() else None,
-         "--report-html": settings.report_html},
+    there = folder is None or folder.is_dir()  # a folder -o is made when written: what goes in it is checked then
+    check_outputs(  # before any work: a refused run writes nothing
+        {"-o": given["output"] if there else None, "--report-json": settings.report_json if there else None,
+         "--report-md": settings.report_markdown if there else None, "--report-html": settings.report_html},
         {"the input model": args.input, "the calibration data": settings.calib,
          "the evaluation data": given.get("eval_data"), "the config file": args.config},
         folders=("-o",) if options.flow == "blocks" else (),  # a language model's output folder

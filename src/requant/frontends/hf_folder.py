@@ -30,7 +30,7 @@ import onnx_ir as ir
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import Examples, forward_inputs, load_torch
 
-__all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_hf_folder", "load_hf_folder", "text_rows"]
+__all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_causal_folder", "is_hf_folder", "load_hf_folder", "text_rows"]
 
 log = logging.getLogger("requant")
 
@@ -48,6 +48,12 @@ def is_hf_folder(source: Any) -> bool:
         return False
     folder = Path(source)
     return (folder / "config.json").is_file() and any((folder / name).is_file() for name in WEIGHTS)
+
+
+def is_causal_folder(folder: str | os.PathLike[str]) -> bool:
+    """Whether a Hugging Face folder's ``config.json`` names a causal language model (``...ForCausalLM``)."""
+    architectures = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or [""]
+    return str(architectures[0]).endswith("ForCausalLM")
 
 
 @dataclass

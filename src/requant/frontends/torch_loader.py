@@ -184,8 +184,8 @@ def load_torch(
     args = () if kwargs is not None else _arguments(example_inputs)
     was_training = module.training
     module.eval()
+    quiet = quiet_torch()
     try:
-        quiet = quiet_torch()
         program = torch.onnx.export(
             module,
             args,

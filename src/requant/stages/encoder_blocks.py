@@ -26,7 +26,7 @@ import onnx_ir as ir
 from requant.calibration.runner import collect
 from requant.calibration.samples import Samples
 from requant.errors import ArgumentError
-from requant.frontends.hf_folder import text_rows
+from requant.frontends.hf_folder import is_causal_folder, text_rows
 from requant.llm.nbits import linear_weights, to_matmul_nbits
 from requant.report.agreement import Reference, agreement
 from requant.report.latency import interleaved_latency_ms, session
@@ -47,7 +47,6 @@ FAR_COSINE = 0.9  # a held-out cosine to float's below this: an alarm (MiniLM at
 def is_decoder(model: Any) -> bool:
     """Whether ``model`` is what the decoders' flow reads: a folder (onnxruntime-genai's, a causal LM's Hugging
     Face folder), a GGUF file, or an ONNX file with ``input_ids`` in and ``logits`` out."""
-    import json
     import os
     from pathlib import Path
 
@@ -55,8 +54,7 @@ def is_decoder(model: Any) -> bool:
         return False
     path = Path(model)
     if path.is_dir() and (path / "config.json").is_file() and not (path / "genai_config.json").is_file():
-        architectures = json.loads((path / "config.json").read_text()).get("architectures") or [""]
-        return str(architectures[0]).endswith("ForCausalLM")
+        return is_causal_folder(path)
     if path.is_dir() or path.suffix == ".gguf":
         return True
     loaded = ir.load(path) if path.is_file() and path.suffix == ".onnx" else None
@@ -106,28 +104,29 @@ def quantize_encoder_blocks(model: Any, calibration_data: Any, options: Options,
     loaded = load_model(model, options.chosen_target, options.load_options).model
     float_proto = ir.serde.serialize_model(loaded)
     every = Samples(calibration_data).head(loaded, 1 << 16)
-    held = every[:HELD_OUT] if len(every) >= 3 * HELD_OUT else every
-    records = _round(loaded, every[len(held) :] if len(held) < len(every) else every, options)
+    split = HELD_OUT if len(every) >= 3 * HELD_OUT else 0  # too few: checked on the samples it calibrated on
+    held, calibration = every[:split] or every, every[split:]
+    records = _round(loaded, calibration, options)
     proto = ir.serde.serialize_model(loaded)
-    reference = Reference(float_proto)
-    quantized = session(proto)
+    float_session, quantized = session(float_proto), session(proto)  # each opened once, for every check
     chosen = Counter(r["rounding"]["chosen"] for r in records if "rounding" in r)
     fmt = options.block_format
     report: dict[str, Any] = {"target": options.target, "target_description": options.chosen_target.description}
     report["encoder_blocks"] = {"format": f"{fmt.bits} bits, blocks of {fmt.block_size}, "
                                           f"{'symmetric' if fmt.symmetric else 'asymmetric'}",
                                 "layers": len(records), "roundings": dict(sorted(chosen.items())),
-                                "calibration_samples": len(every) - (len(held) if len(held) < len(every) else 0),
+                                "calibration_samples": len(calibration),
                                 "records": records}  # fmt: skip
-    checked = agreement(loaded, Reference(float_proto), quantized, held)
+    checked = agreement(loaded, Reference(float_proto, session=float_session), quantized, held)
     poor = [str(loaded.graph.outputs[0].name)] if checked["cosine_similarity"] < FAR_COSINE else []
     report["outputs"] = {"held_out": checked, "samples": len(held), "poor": poor}  # poor: --strict exits 3
     if options.eval_data is not None:
+        reference = Reference(float_proto, session=float_session)  # (its outputs are the evaluation's, apart)
         report["evaluation"] = agreement(loaded, reference, quantized, Samples(options.eval_data, "evaluation"))
     report["size_bytes"] = {"float": float_proto.ByteSize(), "quantized": proto.ByteSize()}
     report["quantize_seconds"] = time.perf_counter() - started
     if options.measure:
-        times = interleaved_latency_ms([session(float_proto), quantized], held[0])
+        times = interleaved_latency_ms([float_session, quantized], held[0])
         report["latency_ms_batch1"] = {"float": times[0], "quantized": times[1], "measured": "interleaved"}
     from requant.stages.report import summary
 

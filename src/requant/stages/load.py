@@ -21,7 +21,7 @@ import onnx_ir as ir
 from requant.calibration.data import first_sample, transformed
 from requant.calibration.samples import Samples
 from requant.frontends import LoadError, load
-from requant.frontends.hf_folder import is_hf_folder, load_hf_folder
+from requant.frontends.hf_folder import is_causal_folder, is_hf_folder, load_hf_folder
 from requant.frontends.onnx_loader import has_external_data, weight_bytes
 from requant.frontends.torch_loader import examples_from, forward_inputs
 from requant.ir.annotations import iter_values
@@ -57,7 +57,7 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
         calibration = transformed(calibration, options.transform, "calibration")
         evaluation = transformed(options.eval_data, options.transform, "evaluation")
         options = dataclasses.replace(options, eval_data=evaluation)
-    if is_hf_folder(model) and not (options.flow == "blocks" and _causal(model)):  # (a decoder's: its own flow)
+    if is_hf_folder(model) and not (options.flow == "blocks" and is_causal_folder(model)):  # (a decoder: its flow)
         exported = load_hf_folder(model)
         model, said["model_source"] = exported.model, exported.said
         calibration = exported.samples(calibration, "calibration", options.text_field)
@@ -69,15 +69,6 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
         options, said["example_inputs"] = dataclasses.replace(options, example_inputs=examples,
                                                               dynamic_shapes=dynamic), examples.said  # fmt: skip
     return model, calibration, options, said
-
-
-def _causal(folder: Any) -> bool:
-    """Whether a Hugging Face folder's config names a causal language model."""
-    import json
-    from pathlib import Path
-
-    architectures = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or [""]
-    return str(architectures[0]).endswith("ForCausalLM")
 
 
 def examples_from_data(module: Any, samples: Samples) -> tuple[Any, dict[str, Any]]:
