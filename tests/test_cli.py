@@ -86,7 +86,8 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys: py
         "dry run: nothing calibrated, nothing written",
         "target: onnxruntime-cpu",
         "preset: INT8_PER_CHANNEL_WEIGHTS (linear layers: 1, convolutions: 2; int8 kernels)",
-        "method: auto (minmax and mean_minmax, the closer to float on held-out calibration samples kept)",
+        "method: auto (minmax and mean_minmax, the closer to float on held-out calibration samples kept; "
+        "stem_percentile for a detector)",
         "would quantize: 7 of 11 nodes (Conv x2, Gemm x1, MaxPool x1, Relu x2, Reshape x1)",
     ]
     assert "  node_Shape_0: Shape is in no pattern of ONNXRUNTIME_CPU_SUPPORT" in printed

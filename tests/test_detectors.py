@@ -73,7 +73,9 @@ def test_a_dfl_head_and_a_head_sliced_into_two_outputs_keep_their_detections(var
         assert any("Concat" in g["ops"] for g in groups)
     joined = [np.concatenate(o, 1) for o in _all_outputs(model, evaluation)]
     kept, shift = detections(joined, [np.concatenate(o, 1) for o in _all_outputs(result.model, evaluation)])
-    assert kept >= 0.95 and shift < 2.0  # measured: dfl 0.980 / 0.17 px (0.43 px with its decode int8), split 0.999 / 0.41 px
+    assert (
+        kept >= 0.95 and shift < 2.0
+    )  # measured: dfl 0.980 / 0.17 px (0.43 px with its decode int8), split 0.999 / 0.41 px
     assert not result.report["outputs"]["poor"]
     if variant == "dfl":  # the decode (its Softmax, the weights by bin, the box logits' Conv) float: the table's rule
         assert "QLinearSoftmax" not in result.report["lint"]["int8_kernels"]
@@ -106,7 +108,7 @@ def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     assert first["boxes"]["sqnr_db"] > 40 and first["scores"]["flipped"] > 0.9 and first["scores"]["sqnr_db"] < 5
     assert first["boxes"]["judged_by"] == first["scores"]["judged_by"] == "detections"
     assert first["detections"]["float_detections"] > 400 and first["detections"]["recall"] < 0.05
-    assert checked["held_out"] and checked["samples"] == 32
+    assert not checked["held_out"] and checked["samples"] == 32  # a detector is calibrated on every sample
     remedy = checked["remedy"]
     assert remedy["kept"] and "node_13" in remedy["kept_float"]  # the Concat, and the ops before it
     assert not any(name.startswith("node_1") and name in ("node_10",) for name in remedy["kept_float"])  # no kernel
@@ -120,7 +122,9 @@ def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     assert "ops feeding it kept float" in summary[0]
 
 
-def test_a_split_head_far_from_float_gets_the_ops_feeding_both_its_outputs_float(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_split_head_far_from_float_gets_the_ops_feeding_both_its_outputs_float(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The head sliced into a boxes and a scores output, without the joins' rule: its detections, judged over
     both outputs, are lost (0 of 832 found); the remedy keeps float the ops feeding both, and they come back."""
     target = registry.TARGETS["onnxruntime-cpu"]
@@ -175,6 +179,37 @@ def test_an_output_no_remedy_brings_back_is_said_first_and_strict_exits_3(tmp_pa
     checked = requant.quantize(path, data, smoothing=0, measure=False).report["outputs"]
     assert checked["poor"] and not checked["remedy"]["kept"]  # tried, no closer: left as it was
     assert checked["remedy"]["kept_float"] and all(k != "node" for k in checked["remedy"]["kept_float"])
+
+
+def test_auto_calibrates_a_detector_with_its_fine_maps_clipped_at_99_99(detector: tuple) -> None:
+    """method="auto" tells a detector by its float outputs and calibrates it with ``stem_percentile``
+    (on every sample: nothing is compared, nothing held out): the maps at a quarter of
+    the input's resolution or finer (64x64 -> 32x32 and 16x16) at the 99.99th percentile, the values
+    between the head's convolutions and the output at their whole range (the class logits: their rare
+    large values are the detections), the others as ``percentile`` calibrates them. (On the YOLO exports
+    of the zoo: docs/benchmarks.md.)"""
+    from requant.calibration.calibrate import fine_maps, near_outputs
+
+    model, calib, _ = detector
+    graph = ir.from_proto(onnx.shape_inference.infer_shapes(model)).graph
+    assert fine_maps(graph) == {"x", "c0", "r0", "c1", "r1"}
+    assert {"y", "probabilities", "logits", "boxes", "in_cells", "offsets"} <= near_outputs(graph)
+    assert not near_outputs(graph) & {"r2", "c2", "x"}  # behind the head's convolutions
+    result = requant.quantize(model, calib, measure=False)
+    choice = result.report["method_choice"]
+    assert choice["chosen"] == "stem_percentile" and choice["held_out"] == 0  # calibrated on every sample
+    assert choice["why"].startswith("output 'y' holds boxes and 3 class scores: a detector; maps at a quarter")
+    assert not result.report["outputs"]["held_out"] and result.report["outputs"]["samples"] == 32
+    types = {}
+    for method in ("percentile", "stem_percentile", "minmax"):
+        run = requant.quantize(model, calib, method=method, measure=False)
+        types[method] = {c["value"]: c["type"] for c in run.report["calibrated"]}
+    plain, stem = types["percentile"], types["stem_percentile"]
+    scale = lambda t: float(t.split(", ")[1].split(":")[0].rstrip(">"))  # noqa: E731
+    assert all(scale(stem[v]) < scale(plain[v]) for v in ("r0", "r1")), (plain, stem)  # 0.0093 < 0.0101, ...
+    near = {"logits", "probabilities", "offsets", "in_cells", "boxes"} & set(plain)  # their whole range: minmax's
+    assert near and all(stem[v] == types["minmax"][v] for v in near)
+    assert all(stem[v] == plain[v] for v in set(plain) - near - {"x", "c0", "r0", "c1", "r1"})
 
 
 def test_parts_and_what_is_poor() -> None:

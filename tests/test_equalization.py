@@ -187,27 +187,36 @@ def test_the_probe_keeps_a_prefix_of_the_float_outputs() -> None:
 
 
 def test_auto_compares_its_candidates_with_the_outputs_equalization_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """method="auto" runs the float model on its held-out samples only when no probe kept its outputs:
-    the same choice and the same bytes either way."""
+    """method="auto" runs the float model on its held-out samples only when no probe kept its outputs
+    (it always runs it on the first DETECTOR_SAMPLES, to tell a detector): the same choice and the same
+    bytes either way."""
     import requant.calibration.calibrate
     import requant.report.agreement
     import requant.stages.choose
 
     proto, data = ir.serde.serialize_model(_model(_text())), _data()
-    made = []
+    runs = []
     real = requant.report.agreement.session
 
-    def counted(model: onnx.ModelProto) -> object:
-        made.append(not any(n.op_type == "QuantizeLinear" for n in model.graph.node))  # the float model's
-        return real(model)
+    class Counted:
+        def __init__(self, model: onnx.ModelProto) -> None:
+            self.session, self.float = real(model), not any(n.op_type == "QuantizeLinear" for n in model.graph.node)
 
-    monkeypatch.setattr(requant.report.agreement, "session", counted)  # the float model's
-    monkeypatch.setattr(requant.stages.choose, "session", counted)  # the candidates'
+        def run(self, *args: object) -> object:
+            runs.append(self.float)
+            return self.session.run(*args)
+
+        def get_outputs(self) -> object:
+            return self.session.get_outputs()
+
+    monkeypatch.setattr(requant.report.agreement, "session", Counted)  # the float model's
+    monkeypatch.setattr(requant.stages.choose, "session", Counted)  # the candidates', and the detector check's
     kept = requant.quantize(proto, data, measure=False)
-    floats_kept, made[:] = sum(made), []
+    floats_kept, runs[:] = sum(runs), []
     monkeypatch.setattr(requant.calibration.calibrate, "KEPT_OUTPUT_BYTES", 0)
     run = requant.quantize(proto, data, measure=False)
-    assert (floats_kept, sum(made)) == (0, 1)
+    detecting = requant.stages.choose.DETECTOR_SAMPLES
+    assert (floats_kept, sum(runs)) == (detecting, detecting + 32)
     chosen, measured = (q.report["method_choice"] for q in (kept, run))
     assert chosen["samples"] == measured["samples"] == 32 and chosen["chosen"] == measured["chosen"]
     for method, sqnr in measured["output_sqnr_db"].items():  # float outputs within their last digits

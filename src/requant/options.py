@@ -131,7 +131,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("method", None, lambda v: v is None or v == "auto" or v in _methods(),
            lambda: f"None, 'auto' or one of {', '.join(_methods())}",
            "activation calibration method: auto (the default unless a --config names observers: tries minmax "
-           "and mean_minmax, keeps the closer to float), minmax, mean_minmax, percentile, entropy, mse",
+           "and mean_minmax, keeps the closer to float; a detector: stem_percentile), minmax, mean_minmax, "
+           "percentile, stem_percentile, entropy, mse",
            flag="--method", key="method", backends=QUANTIZED_ACTIVATIONS),
     Option("output", None, _optional(_path), "a path (str or os.PathLike), or None",
            "where to write the quantized model (.mlir: the TOSA program, tosa-int8 only)",

@@ -309,7 +309,7 @@ def option_cases() -> list[Case]:
         Case("options", "unknown target", "argument --target: invalid choice: 'onnxruntime-gpu'", q("--target", "onnxruntime-gpu"), code=2),
         Case("options", "unknown preset", "argument --preset: invalid choice: 'INT9'", q("--preset", "INT9"), code=2),
         Case("options", "unknown method", "method must be None, 'auto' or one of entropy, mean_minmax, minmax, moving_average_minmax, mse, "
-             "percentile; got 'best' (str)", q("--method", "best")),
+             "percentile, stem_percentile; got 'best' (str)", q("--method", "best")),
         Case("options", "unknown images", "argument --images: invalid choice: 'vgg'", q("--images", "vgg"), code=2),
         Case("options", "output onto the model", "-o '{tmp}/digits_cnn.onnx' is the input model: refusing to overwrite it",
              lambda t: [*q()(t)[:3], str(t / "digits_cnn.onnx"), *q()(t)[4:]]),

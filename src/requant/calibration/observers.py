@@ -9,6 +9,9 @@ gathered in pieces (batches, passes, workers) and combined. Methods by name:
     exponential moving averages of each batch's min and max (``averaging_constant``, 0.01).
 ``percentile``
     the range holding ``percentile`` percent (99.999) of the values, from a histogram.
+``stem_percentile``
+    ``percentile``, at 99.99 for a CNN's maps at a quarter of its input's resolution or finer (their
+    sparse, large edge responses) and 99.999 elsewhere: what ``auto`` calibrates a detector with.
 ``entropy``
     the clipping threshold minimizing the KL divergence between the histogram and its quantized
     form, as TensorRT and TVM calibrate.
@@ -463,6 +466,8 @@ _METHODS: dict[str, Factory] = {
         axis, averaging_constant=float(spec.observer_options.get("averaging_constant", 0.01))
     ),
     "percentile": lambda spec, axis: HistogramObserver("percentile", spec.observer_options),
+    # the percentile observer; calibration gives a CNN's fine maps another percentile (calibrate.fine_maps)
+    "stem_percentile": lambda spec, axis: HistogramObserver("percentile", spec.observer_options),
     "entropy": lambda spec, axis: HistogramObserver("entropy", spec.observer_options),
     "mse": lambda spec, axis: HistogramObserver("mse", spec.observer_options),
 }

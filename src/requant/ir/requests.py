@@ -52,7 +52,9 @@ DTYPES: dict[str, str] = {
 }
 GRANULARITIES = ("per_tensor", "per_axis", "blockwise")
 # Calibration methods by name; requant.calibration adds the ones users register.
-KNOWN_OBSERVERS: set[str] = {"minmax", "mean_minmax", "moving_average_minmax", "percentile", "entropy", "mse"}
+KNOWN_OBSERVERS: set[str] = {
+    *("minmax", "mean_minmax", "moving_average_minmax", "percentile", "stem_percentile", "entropy", "mse")
+}
 DERIVATION_RULES = ("product_of_scales",)
 _NAME = re.compile(r"[A-Za-z0-9_.:/\-]+")
 

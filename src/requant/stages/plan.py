@@ -72,8 +72,8 @@ def plan_lines(report: Mapping[str, Any], limit: int = 12) -> list[str]:
     lines = ["dry run: nothing calibrated, nothing written", f"target: {report['target']}"]
     lines += preset_lines(report) or ([f"preset: {section['preset_given']} (given)"] if section["preset_given"] else [])
     method = section["method"]
-    lines.append("method: auto (minmax and mean_minmax, the closer to float on held-out calibration samples kept)"
-                 if method == "auto" else f"method: {method}")  # fmt: skip
+    lines.append("method: auto (minmax and mean_minmax, the closer to float on held-out calibration samples kept; "
+                 "stem_percentile for a detector)" if method == "auto" else f"method: {method}")  # fmt: skip
     lines.append(f"would quantize: {sum(quantized.values())} of {section['nodes']} nodes ({_counted(quantized)})")
     if floats:
         lines.append(f"would keep float: {sum(floats.values())} nodes ({_counted(floats)})")

@@ -90,11 +90,12 @@ class Flow:
                        options.load_options)  # fmt: skip
 
     @in_stage("calibration and conversion")
-    def run(self, quantizer: Quantizer, method: str | None, first: Run | None = None) -> Run:
+    def run(self, quantizer: Quantizer, method: str | None, first: Run | None = None,
+            prepared: Prepared | None = None) -> Run:  # fmt: skip
         """Annotate, calibrate with ``method`` and convert; ``first``: an earlier run of the same model,
-        whose float model is reused."""
+        whose float model is reused; ``prepared``: the model already prepared (with its float model)."""
         keep = self.options.keeps_float_model() if first is None else None
-        prepared = self.prepare(quantizer, keep)
+        prepared = prepared or self.prepare(quantizer, keep)
         float_proto, float_size = (first.float_proto, first.float_size) if first is not None else prepared.float_model  # type: ignore[misc]
         progress = self.options.progress
         chosen = calibrate(prepared.model, self.samples, method, progress or terminal_progress(), self.cache)
