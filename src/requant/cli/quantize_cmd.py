@@ -37,7 +37,8 @@ def register(commands: Any) -> None:
                      ".gguf file or a causal LM's .onnx (docs/llm.md)")  # fmt: skip
     sub.add_argument("--calib", metavar="DATA", help="calibration data: .npz/.npy file, a folder of them, or a folder "
                      "of images; for a Hugging Face folder's model or a language model, text: a .txt file or a "
-                     "folder of them (a line a sample for an encoder)")  # fmt: skip
+                     "folder of them (a line a sample for an encoder); for an audio model's folder, .wav "
+                     "files")  # fmt: skip
     sub.add_argument("--config", metavar="FILE", help="a TOML file: these flags, plus per-node/per-module settings")
     sub.add_argument(
         "--preset",

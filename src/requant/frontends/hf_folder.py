@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from requant.frontends.audio import audio_examples, audio_samples, feature_extractor
 from requant.frontends.onnx_loader import LoadError
-from requant.frontends.torch_loader import Examples, forward_inputs, load_torch
+from requant.frontends.torch_loader import Examples, forward_inputs, load_torch, quiet_torch
 
 __all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_causal_folder", "is_hf_folder", "load_hf_folder", "text_rows"]
 
@@ -36,6 +37,9 @@ log = logging.getLogger("requant")
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 HEADLESS = ("ForMaskedLM", "ForPreTraining")  # heads a sentence encoder's folder names, left out (AutoModel)
+# what loading a model imports says on every run (transformers' torchao integration: torchao's CUDA kernels
+# missing on a CPU machine, two lines; torch's pytree on torchao's enums), silenced while the folder loads
+IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 MAX_TOKENS = 128  # a calibration row's tokens at most (truncated)
 DEFAULT_FIELD = "text"  # the column (or JSON field) of a dataset's rows that holds the text
 SAVED_DATASET = ("dataset_info.json", "state.json", "dataset_dict.json")  # what datasets' save_to_disk writes
@@ -64,16 +68,21 @@ class HfModel:
     model: ir.Model
     said: str
     tokenizer: Any = None
+    extractor: Any = None  # an audio model's feature extractor (requant.frontends.audio)
 
     def samples(self, data: Any, what: str, field: str = DEFAULT_FIELD) -> Any:
-        """``data`` as samples: text (see :func:`text_rows`) tokenized, a row a sample; anything else as it is."""
+        """``data`` as samples: text (see :func:`text_rows`) tokenized, a row a sample; sound files through the
+        feature extractor (:func:`~requant.frontends.audio.audio_samples`), a file a sample; anything else as it is."""
+        names = {str(v.name) for v in self.model.graph.inputs}
+        if self.extractor is not None:
+            sound = audio_samples(self.extractor, data, names, what)
+            return data if sound is None else sound
         rows = text_rows(data, field, what) if self.tokenizer is not None else None
         if rows is None:
             return data
         rows = [row for row in rows if row.strip()]
         if not rows:
             raise LoadError(f"the {what} text has no rows to tokenize")
-        names = {str(v.name) for v in self.model.graph.inputs}
         samples = []
         for row in rows:
             encoded = self.tokenizer(row, truncation=True, max_length=MAX_TOKENS, return_tensors="np")
@@ -164,27 +173,43 @@ def _module(transformers: Any, folder: Path) -> tuple[Any, str]:
     return named.from_pretrained(folder), architecture + (", feature extraction" if headless else "")
 
 
-def _examples(module: Any, folder: Path, transformers: Any) -> tuple[Examples, dict[str, Any], Any]:
-    """Example inputs (a batch of two), their dynamic axes, and the folder's tokenizer (None without one)."""
+def _tokenizer(transformers: Any, folder: Path) -> Any:
+    """The folder's tokenizer, or None (no tokenizer files, or none transformers reads)."""
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder)
+    except Exception:  # transformers raises many kinds for files it cannot read
+        return None
+
+
+def _examples(module: Any, folder: Path, transformers: Any) -> tuple[Examples, dict[str, Any], Any, Any]:
+    """Example inputs (a batch of two), their dynamic axes, and the folder's tokenizer and audio feature extractor
+    (None without one): text for a forward that takes ``input_ids``, else sound where the folder has a feature
+    extractor, else an image of the config's size."""
     import torch
 
     positional, _ = forward_inputs(module)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    except Exception:  # no tokenizer files, or none transformers reads: an image or audio model
-        tokenizer = None
+    tokenizer = _tokenizer(transformers, folder) if "input_ids" in positional else None
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
     if tokenizer is not None:
-        encoded = tokenizer(EXAMPLE_TEXT, padding=True, return_tensors="pt")
+        try:
+            encoded = tokenizer(EXAMPLE_TEXT, padding=True, return_tensors="pt")
+        except Exception as exc:  # a tokenizer without a padding token, ...
+            raise LoadError(f"'{folder}': its tokenizer cannot make example inputs: {type(exc).__name__}: "
+                            f"{exc}") from None  # fmt: skip
         examples = Examples({k: v for k, v in encoded.items() if k in positional})
-        return examples, {k: {0: batch, 1: sequence} for k in examples}, tokenizer
+        return examples, {k: {0: batch, 1: sequence} for k in examples}, tokenizer, None
+    extractor = feature_extractor(transformers, folder)
+    if extractor is not None:
+        sound, dynamic = audio_examples(extractor, list(positional))
+        return Examples(sound), dynamic, None, extractor
     config = module.config
     size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
     if "pixel_values" in positional and isinstance(size, int) and isinstance(channels, int):
         examples = Examples(pixel_values=torch.rand(2, channels, size, size))
-        return examples, {"pixel_values": {0: batch}}, None
+        return examples, {"pixel_values": {0: batch}}, None, None
     raise LoadError(f"'{folder}': requant cannot make example inputs for {type(module).__name__} (no tokenizer, no "
-                    "image size in its config): export it to ONNX yourself, or give the module with example_inputs=")
+                    "audio feature extractor, no image size in its config): export it to ONNX yourself, or give the "
+                    "module with example_inputs=")  # fmt: skip
 
 
 _LAST: dict[tuple[Any, ...], HfModel] = {}  # the last folder exported, by its files' paths, sizes and times
@@ -204,11 +229,11 @@ def load_hf_folder(source: str | os.PathLike[str]) -> HfModel:
     if stamp in _LAST:
         kept = _LAST[stamp]
         log.info("%s: the export of an earlier run, its files unchanged", folder)
-        return HfModel(kept.model.clone(), kept.said, kept.tokenizer)
+        return HfModel(kept.model.clone(), kept.said, kept.tokenizer, kept.extractor)
     exported = _export(folder)
     _LAST.clear()
     _LAST[stamp] = exported
-    return HfModel(exported.model.clone(), exported.said, exported.tokenizer)
+    return HfModel(exported.model.clone(), exported.said, exported.tokenizer, exported.extractor)
 
 
 def _export(folder: Path) -> HfModel:
@@ -220,6 +245,7 @@ def _export(folder: Path) -> HfModel:
                         "'requant[torch]' transformers") from None  # fmt: skip
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # its loading bars
+    quiet = quiet_torch(IMPORT_NOISE)
     try:
         module, task = _module(transformers, folder)
     except LoadError:
@@ -227,10 +253,11 @@ def _export(folder: Path) -> HfModel:
     except Exception as exc:  # transformers raises many kinds for a folder it cannot read
         raise LoadError(f"transformers could not load the model in '{folder}': {type(exc).__name__}: {exc}") from None
     finally:
+        quiet.close()
         if bars:
             transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     module = module.float().eval()
-    examples, dynamic, tokenizer = _examples(module, folder, transformers)
+    examples, dynamic, tokenizer, extractor = _examples(module, folder, transformers)
     model = load_torch(module, examples, dynamic)
     with torch.no_grad():
         returned = module(**examples)
@@ -239,6 +266,9 @@ def _export(folder: Path) -> HfModel:
         for value, name in zip(model.graph.outputs, names, strict=True):
             value.name = name
     inputs = ", ".join(str(v.name) for v in model.graph.inputs)
+    axes = list(dict.fromkeys(getattr(d, "__name__", str(d)) for named in dynamic.values() for d in named.values()))
     said = (f"the Hugging Face folder '{folder}': {task}, exported by torch.onnx.export (dynamo) in float32 with "
-            f"batch{' and sequence' if tokenizer is not None else ''} dynamic (inputs {inputs})")  # fmt: skip
-    return HfModel(model, said, tokenizer)
+            f"{' and '.join(axes)} dynamic (inputs {inputs})")  # fmt: skip
+    if extractor is not None:
+        said += f"; sound through its {type(extractor).__name__} at {extractor.sampling_rate} Hz"
+    return HfModel(model, said, tokenizer, extractor)

@@ -23,6 +23,7 @@ import ast
 import inspect
 import logging
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,8 +60,8 @@ class quiet_torch:  # noqa: N801 - used as a function
     """torch's loggers that print every failed fake-tensor op's stack trace before it raises (screens of them for
     one wrong shape) silenced until :meth:`close`: requant's error says what failed."""
 
-    def __init__(self) -> None:
-        self.levels = {logging.getLogger(n): logging.getLogger(n).level for n in _NOISY}
+    def __init__(self, names: tuple[str, ...] = _NOISY) -> None:
+        self.levels = {logging.getLogger(n): logging.getLogger(n).level for n in names}
         for logger in self.levels:
             logger.setLevel(logging.CRITICAL)
 
@@ -186,16 +187,18 @@ def load_torch(
     module.eval()
     quiet = quiet_torch()
     try:
-        program = torch.onnx.export(
-            module,
-            args,
-            kwargs=kwargs,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,  # type: ignore[arg-type]
-            optimize=False,
-            verbose=False,
-            report=False,
-        )
+        with warnings.catch_warnings():  # torch's own deprecation inside its exporter, said on every export
+            warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)", FutureWarning)
+            program = torch.onnx.export(
+                module,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,  # type: ignore[arg-type]
+                optimize=False,
+                verbose=False,
+                report=False,
+            )
     except Exception as exc:  # the exporter raises many kinds; the user needs its message, not its advice
         raise export_error(
             f"torch.onnx.export (dynamo) failed for module {name}", exc, args or tuple((kwargs or {}).values())

@@ -9,6 +9,10 @@ on all (starting from the sums of its sketch where there is one): the model ``me
 gives when calibrated on the samples after the held-out ones. Then bias correction is kept only
 where it brings the output closer to float on the held-out samples (:func:`unless_worse`).
 
+A detector (the float model's outputs on the first ``DETECTOR_SAMPLES`` hold boxes and class scores, as
+:func:`requant.report.detections.heads` reads them) is not compared: its output's SQNR is not what its users
+count. It is calibrated with ``stem_percentile`` on every sample (docs/calibration.md, "A detector").
+
 Reads: the flow (samples, options, statistics). Adds: the run of the chosen method. Records:
 ``method_choice`` (every candidate's SQNR, how many samples were held out, why).
 """
