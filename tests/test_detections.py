@@ -47,6 +47,11 @@ def test_heads_are_found_joined_split_transposed_and_with_mask_coefficients() ->
     assert (h.boxes, h.scores, h.first, h.classes) == (0, 1, 0, 3) and h.names == ("boxes", "scores")
     logits, probabilities = np.zeros((1, 1000), np.float32), np.full((1, 10, 10), 0.5, np.float32)
     assert heads(["logits", "map", "protos"], [[logits, probabilities, proto]]) == []
+    # a text recognizer's per-position probabilities ([1, 40 positions, 500 characters], a softmax each): every
+    # row within [0, 1], as a head's scores are, but no boxes in pixels (PP-OCR's was taken for 36 classes)
+    positions = np.random.default_rng(2).normal(size=(1, 40, 500))
+    softmax = (np.exp(positions) / np.exp(positions).sum(-1, keepdims=True)).astype(np.float32)
+    assert heads(["ctc"], [[softmax]]) == [] and heads(["ctc", "y"], [[softmax, joined]])[0].names == ("y",)
 
 
 def test_judge_counts_detections_after_nms_and_the_boxes_shift() -> None:

@@ -73,8 +73,11 @@ def audio_examples(extractor: Any, inputs: list[str]) -> tuple[dict[str, Any], d
 
 def read_wav(path: Path, rate: int) -> npt.NDArray[np.float32]:
     """One ``.wav`` file as mono float32 samples in [-1, 1] at ``rate`` Hz, at most ``MAX_SECONDS`` long."""
-    from scipy.io import wavfile  # type: ignore[import-untyped]
-    from scipy.signal import resample_poly  # type: ignore[import-untyped]
+    try:
+        from scipy.io import wavfile  # type: ignore[import-untyped]
+        from scipy.signal import resample_poly  # type: ignore[import-untyped]
+    except ImportError:
+        raise LoadError(f"reading the sound file '{path}' needs SciPy: pip install scipy") from None
 
     try:
         given, data = wavfile.read(path)

@@ -76,6 +76,12 @@ def _score_run(rows: Array, start: int) -> int:
     return count
 
 
+def _boxes(rows: Array) -> bool:
+    """Whether the first 4 rows are boxes in pixels: widths and heights never negative, and not all within
+    [0, 1] (a recognizer's per-position probabilities, ``[1, 40, 18710]``, are not a head of 36 classes)."""
+    return bool((rows[:, 2:4] >= 0).all() and rows[:, :4].max() > 1)
+
+
 def anchored(shape: tuple[int, ...]) -> bool | None:
     """For a ``[B, K, N]`` shape with many more anchors than rows: whether it is transposed (``[B, N, K]``);
     None for a shape no head has."""
@@ -98,9 +104,9 @@ def heads(names: Sequence[str], floats: Sequence[Sequence[Any]]) -> list[Head]:
     stacked = {o: np.concatenate([_rows(s[o], t) for s in floats]) for o, t in layouts.items() if t is not None}
     for o, rows in stacked.items():
         t = bool(layouts[o])
-        if rows.shape[1] >= 5 and (rows[:, 2:4] >= 0).all() and (count := _score_run(rows, 4)):
+        if rows.shape[1] >= 5 and _boxes(rows) and (count := _score_run(rows, 4)):
             found.append(Head(o, o, 4, count, t, (names[o],)))
-    boxes = [o for o, rows in stacked.items() if rows.shape[1] == 4 and (rows[:, 2:4] >= 0).all()]
+    boxes = [o for o, rows in stacked.items() if rows.shape[1] == 4 and _boxes(rows)]
     for b in boxes:
         for o, rows in stacked.items():
             same = rows.shape[2] == stacked[b].shape[2] and layouts[o] == layouts[b]
