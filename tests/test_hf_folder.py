@@ -155,6 +155,7 @@ def test_an_encoder_in_weight_blocks_runs_its_linear_layers_as_matmulnbits_with_
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "weight-only blocks: " in printed and "4 bits, blocks of 32, symmetric (MatMulNBits)" in printed
+    assert printed.splitlines()[0].startswith("4-bit model: 0."), printed  # its size (not 'int8 model')
     report = json.loads((out / "report.json").read_text())
     layers = [r for r in report["encoder_blocks"]["records"] if "rounding" in r]
     graph = onnx.load(str(out / "model.onnx")).graph

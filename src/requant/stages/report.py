@@ -51,7 +51,7 @@ def headline(report: Mapping[str, Any]) -> list[str]:
         parts.append(f"cosine to float {ev['cosine_similarity']:.5f} ({int(ev['samples'])} rows)")
     elif ev:
         parts.append(f"top-1 agreement with float {ev['top1_agreement']:.4f} ({int(ev['samples'])} samples)")
-    return ["int8 model: " + ", ".join(parts)] if parts else []
+    return [f"{speed.quantized_model(report)}: " + ", ".join(parts)] if parts else []
 
 
 def _target(report: Mapping[str, Any]) -> list[str]:

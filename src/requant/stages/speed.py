@@ -26,7 +26,7 @@ from requant.report.latency import interleaved_latency_ms, session
 from requant.runtime import in_stage
 from requant.stages.run import Flow, Run
 
-__all__ = ["FASTER_BY", "WORST_GROUPS", "alarm_lines", "latency_lines", "measure_speed"]
+__all__ = ["FASTER_BY", "WORST_GROUPS", "alarm_lines", "latency_lines", "measure_speed", "quantized_model"]
 
 log = logging.getLogger("requant")
 
@@ -102,6 +102,12 @@ def latency_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def quantized_model(report: Mapping[str, Any]) -> str:
+    """What the summary calls the quantized model: "int8 model", or "4-bit model" for an encoder's weight blocks."""
+    blocks = report.get("encoder_blocks")
+    return f"{str(blocks['format']).split()[0]}-bit model" if blocks else "int8 model"
+
+
 def alarm_lines(report: Mapping[str, Any]) -> list[str]:
     """The summary's line on an int8 model no faster than float, first."""
     from requant.targets.registry import TARGETS
@@ -110,8 +116,8 @@ def alarm_lines(report: Mapping[str, Any]) -> list[str]:
     target = TARGETS.get(report.get("target", ""))
     if not latency or latency["quantized"] < latency["float"] or (target is not None and target.integer_only):
         return []  # (an integer-only target's latency is its QDQ twin's in ONNX Runtime, not its program's)
-    line = (f"SLOWER THAN FLOAT: the int8 model takes {latency['quantized'] / latency['float']:.2f}x the float "
-            "model's time (batch 1, interleaved)")  # fmt: skip
+    line = (f"SLOWER THAN FLOAT: the {quantized_model(report)} takes {latency['quantized'] / latency['float']:.2f}x "
+            "the float model's time (batch 1, interleaved)")  # fmt: skip
     tried = speed.get("tried") if speed else None
     if tried:
         ratio = tried["candidate_ms"] / tried["float_ms"]
