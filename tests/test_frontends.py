@@ -254,3 +254,31 @@ def test_onnx_text_must_be_utf8(tmp_path: Path) -> None:
     )
     with pytest.raises(LoadError, match=r"is not UTF-8 text \(ONNX text syntax is UTF-8\): byte 0xe9 at offset"):
         load_onnx(path)
+
+
+def test_a_model_of_an_ir_version_onnx_runtime_does_not_load_yet_is_lowered_to_what_it_loads() -> None:
+    """onnx 1.23's helper.make_model writes IR 14, which onnxruntime 1.31 refuses ("max supported IR version:
+    13"): requant loads it at the newest IR ONNX Runtime reads, calibrates it there, and its output loads."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    import requant
+    from requant.frontends.onnx_loader import runtime_ir_version
+
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    weight = numpy_helper.from_array(rng.normal(size=(6, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = onnx.IR_VERSION  # what the helper writes
+    newest = runtime_ir_version()
+    if newest >= onnx.IR_VERSION:
+        pytest.skip(f"this ONNX Runtime loads IR {onnx.IR_VERSION}, the newest this onnx writes")
+    with pytest.raises(Exception, match="Unsupported model IR version"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert load_onnx(model).ir_version == newest
+    samples = [{"x": rng.normal(size=(1, 6)).astype(np.float32)} for _ in range(8)]
+    written = ir.to_proto(requant.quantize(model, samples, measure=False).model)
+    assert written.ir_version == newest and model.ir_version == onnx.IR_VERSION  # the caller's model untouched
+    ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -8,8 +8,10 @@ small.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -187,6 +189,7 @@ def _finish(proto: onnx.ModelProto, what: str, path: Path | None, checker: bool 
             ) from None
         log.info("%s: converted from opset %d to opset %d with ONNX's version converter", what, opset, WORKING_OPSET)
     _raise_ir_version(proto, what)
+    _lower_ir_version(proto, what)
     model = ir.serde.deserialize_model(proto)
     if path is not None:
         ir.external_data.set_base_dir(model.graph, path.parent)
@@ -204,6 +207,47 @@ def _raise_ir_version(proto: onnx.ModelProto, what: str) -> None:
     if proto.ir_version < max(needed, 4):
         log.info("%s: IR version %d raised to %d (its opsets need it)", what, proto.ir_version, max(needed, 4))
         proto.ir_version = max(needed, 4)
+
+
+@functools.cache
+def runtime_ir_version() -> int:
+    """The newest IR version the installed ONNX Runtime loads (its refusal of a newer one says; onnxruntime
+    1.31: 13, where onnx 1.23's ``helper.make_model`` writes 14)."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    graph = onnx.helper.make_graph([], "probe", [], [])
+    probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    probe.ir_version = onnx.IR_VERSION
+    try:
+        ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # "Unsupported model IR version: 14, max supported IR version: 13", or another
+        found = re.search(r"max supported IR version: (\d+)", str(exc))
+        return int(found.group(1)) if found else onnx.IR_VERSION
+    return onnx.IR_VERSION
+
+
+def _lower_ir_version(proto: onnx.ModelProto, what: str) -> None:
+    """An IR version newer than ONNX Runtime loads (onnx 1.23's ``helper.make_model`` writes 14; onnxruntime
+    1.31 reads 13) lowered to the newest it loads, where the opsets allow and no element type is newer than
+    FLOAT4E2M1 (IR 11's): the same model, which ONNX Runtime then calibrates and runs, and so does its output."""
+    if proto.ir_version <= 13:  # no probe for what exporters write
+        return
+    newest = runtime_ir_version()
+    needed = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    if proto.ir_version <= newest or needed > newest or _newest_type(proto) > onnx.TensorProto.FLOAT4E2M1:
+        return
+    log.info("%s: IR version %d lowered to %d (what ONNX Runtime loads)", what, proto.ir_version, newest)
+    proto.ir_version = newest
+
+
+def _newest_type(proto: onnx.ModelProto) -> int:
+    """The largest element type number of the graph's initializers and declared values (0 for none)."""
+    graph = proto.graph
+    types = [t.data_type for t in graph.initializer]
+    values = [*graph.input, *graph.output, *graph.value_info]
+    types += [v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")]
+    types += [a.t.data_type for n in graph.node for a in n.attribute if a.HasField("t")]
+    return max(types, default=0)
 
 
 def _initializers_are_not_inputs(graph: ir.Graph, what: str) -> None:
