@@ -147,12 +147,11 @@ def _activation_spec(
     and outputs, observed over their whole range (minmax) whatever the method. ``stem_percentile`` is the
     percentile observer, with the values of ``stem`` apart."""
     spec = requested
-    if method == STEM_METHOD:
+    if method == STEM_METHOD and value.name in stem.near_outputs:
+        spec = dataclasses.replace(requested, observer="minmax", observer_options={})
+    elif method == STEM_METHOD:
         options = {"percentile": STEM_PERCENTILE} if value.name in stem.fine else {}
-        observer = "minmax" if value.name in stem.near_outputs else "percentile"
-        spec = dataclasses.replace(
-            requested, observer=observer, observer_options=options if observer != "minmax" else {}
-        )
+        spec = dataclasses.replace(requested, observer="percentile", observer_options=options)
     elif method is not None and method != requested.observer:  # the config's options were its observer's
         spec = dataclasses.replace(requested, observer=method, observer_options={})
     if (value.is_graph_output() or value.is_graph_input()) and spec.observer != "minmax":

@@ -53,8 +53,8 @@ def audio_examples(extractor: Any, inputs: list[str]) -> tuple[dict[str, Any], d
     import torch
 
     rate = extractor.sampling_rate
-    short, long = (extractor(_noise(s, rate), sampling_rate=rate, return_tensors="np") for s in EXAMPLE_SECONDS)
-    clip = _noise(EXAMPLE_SECONDS[0], rate)
+    clip, longer = (_noise(seconds, rate) for seconds in EXAMPLE_SECONDS)
+    short, long = (extractor(sound, sampling_rate=rate, return_tensors="np") for sound in (clip, longer))
     both = extractor([clip, clip], sampling_rate=rate, return_tensors="np")
     examples = {k: torch.from_numpy(np.asarray(v)) for k, v in both.items() if k in inputs}
     if not examples:
