@@ -14,6 +14,7 @@ PIPELINE = [
     "infer-shapes",
     "fold-batchnorm",
     "fold-conv-affine",
+    "relu-into-concat",
     "fold-pad",
     "fuse-matmul-add",
     "unshare-biases",
