@@ -249,3 +249,31 @@ def test_a_kernel_kept_float_behind_a_transpose_stays_float_in_onnx_runtime() ->
     written = ort.InferenceSession(proto, as_written, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     # measured: the same bits (with conv2 fused on ONNX Runtime's per-tensor weights: 3 output steps apart)
     np.testing.assert_array_equal(fused, written)
+
+
+def test_a_group_writing_a_graph_output_goes_float_where_float_costs_no_more(tmp_path: Path) -> None:
+    # TransNetV2's tail: a Sigmoid of a few logits writes the output; int8 would put it on 1/255 steps for
+    # nothing (0.6 us either way, modelled)
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array((rng.standard_normal((4, 8, 12, 12)) * 0.05).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            onnx.helper.make_node("Sigmoid", ["c"], ["y"], name="sig"),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 12, 12])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 1, 1])],
+        [weight],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    data = _samples((1, 8, 12, 12), 16)
+    result = requant.quantize(model, data, measure=False, method="minmax")
+    (group,) = [p for p in result.report["quantizers"]["placements"] if p["ops"] == ["Sigmoid"]]
+    assert group["placed"] == "float" and "graph output" in group["why"]
+    assert group["float_us"] <= group["int8_us"]
+    ops = _optimized(ir.serde.serialize_model(result.model), tmp_path)
+    assert "QLinearConv" in ops and "Sigmoid" in ops and "QLinearSigmoid" not in ops
+    (writer,) = [n for n in result.model.graph if n.outputs[0].is_graph_output()]
+    assert writer.op_type == "Sigmoid"  # the output as float computes it, not a DequantizeLinear's steps
+    assert "Sigmoid: as fast, no rounding" in result.report["summary"]

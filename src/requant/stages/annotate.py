@@ -150,7 +150,7 @@ def placement_lines(report: Mapping[str, Any]) -> list[str]:
     if floats:
         saved = sum(p["int8_us"] - p["float_us"] for p in floats)
         named = ", ".join("/".join(p["ops"]) for p in floats[:4]) + (", ..." if len(floats) > 4 else "")
-        line += f" ({named}: modelled {saved:.1f} us faster)"
+        line += f" ({named}: modelled {saved:.1f} us faster)" if saved >= 0.05 else f" ({named}: as fast, no rounding)"
     by_table = [p for p in placed if p.get("by") == "table" and "anyway" not in p["why"]]
     if by_table:
         price = sum(p["float_us"] - p["int8_us"] for p in by_table)
