@@ -33,6 +33,7 @@ __all__ = [
     "MS_DOMAIN",
     "BudgetError",
     "RoundingError",
+    "block_table",
     "linear_weights",
     "tied_gathers",
     "to_matmul_nbits",
@@ -236,7 +237,7 @@ def _table_blocks(table: Array, fmt: BlockFormat) -> tuple[Packed, float]:
     return packed, 10 * np.log10(signal / noise) if noise > 0 else float("inf")
 
 
-def _untie(graph: ir.Graph, table: ir.Value, gathers: list[ir.Node], fmt: BlockFormat | None) -> dict[str, Any]:
+def block_table(graph: ir.Graph, table: ir.Value, gathers: list[ir.Node], fmt: BlockFormat | None) -> dict[str, Any]:
     """An embedding's table of its own as ``GatherBlockQuantized`` blocks in ``fmt`` read by each of its
     ``gathers`` (:func:`_table_blocks`); its record (or why it stayed float: no ``fmt``, or too short)."""
     n, k = weight_dims(table)  # ([V, H]: a row per token)
@@ -348,7 +349,7 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
     stayed float). ``folder``: where each layer's blocks are kept as soon as they are rounded
     (:meth:`Packed.kept`), for as long as the model is used. Each embedding with a table of its own
     (:func:`untied_embeddings`) is recorded after the layers (a record with ``table`` and ``gathers``:
-    :func:`_untie`): with ``embedding_format``, a ``GatherBlockQuantized`` of blocks in it, else kept float."""
+    :func:`block_table`): with ``embedding_format``, a ``GatherBlockQuantized`` of blocks in it, else kept float."""
     graph, moments = model.graph, moments or {}
     ties, started = tied_gathers(graph), time.perf_counter()
     layers = linear_weights(graph, ties)
@@ -386,7 +387,7 @@ def to_matmul_nbits(model: ir.Model, fmt: BlockFormat, moments: Mapping[str, Arr
             records[name]["tied"] = {_label(g): _tie(graph, t, g, stored, packed) for t, g in tied}
         if not weight.uses():
             graph.initializers.pop(str(weight.name))
-    untied = [_untie(graph, table, gathers, embedding_format) for table, gathers in tables.values()]
+    untied = [block_table(graph, table, gathers, embedding_format) for table, gathers in tables.values()]
     if rounded or any("float" not in r for r in untied):
         graph.opset_imports.setdefault(MS_DOMAIN, 1)
     return [*records.values(), *untied]

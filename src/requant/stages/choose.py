@@ -185,7 +185,7 @@ def unless_worse(
         return converted
     log.warning("bias correction made the output further from float on the held-out samples (SQNR %.1f -> %.1f dB): "
                 "not applied", before, corrected)  # fmt: skip
-    plain = finish(Staged(uncorrected, staged.notes, staged.encodings, staged.floats))
+    plain = finish(Staged(uncorrected, staged.notes, staged.encodings, staged.floats, staged.tables))
     plain.kernels = [dataclasses.replace(k, corrected=False) for k in converted.kernels]
     return plain
 

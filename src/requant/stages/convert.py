@@ -21,6 +21,7 @@ import onnx
 import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
+from requant.backends.embedding_rows import BLOCK, write_embedding_rows
 from requant.calibration.runner import Progress
 from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding
 from requant.propagation.propagate import propagate
@@ -49,6 +50,7 @@ class Staged:
     notes: list[Any]
     encodings: list[WeightEncoding]
     floats: dict[str, ir.TensorProtocol]  # the kernels' float parameters, for bias correction
+    tables: list[dict[str, Any]] = field(default_factory=list)  # embedding tables in rows (embedding_rows)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Converted:
     kernels: list[BiasCorrection]
     # the kernels' float weights and biases as quantized (smoothed, equalized), by value name
     floats: dict[str, ir.TensorProtocol] = field(default_factory=dict)
+    tables: list[dict[str, Any]] = field(default_factory=list)  # embedding tables in rows (embedding_rows)
 
 
 def convert(
@@ -80,8 +83,9 @@ def convert(
 def stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo | None = None) -> Staged:
     """Propagation (weights encoded), and the QDQ model written."""
     propagation = propagate(model, target.kernels, memo, target.table.same_scale, target.table.joins)
+    tables = [] if target.integer_only else write_embedding_rows(model)
     floats = float_parameters(model) if keep_floats else {}
-    return Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats)
+    return Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats, tables)
 
 
 def finish(
@@ -100,7 +104,7 @@ def finish(
         kernels = correct_biases(model, staged.floats, bias_data, bias_samples, progress, correct, sums)
     finish_qdq(model)
     proto = ir.serde.serialize_model(model)
-    return Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels, staged.floats)
+    return Converted(model, proto, staged.notes, staged.encodings, lint(proto), kernels, staged.floats, staged.tables)
 
 
 def sketch(staged: Staged, bias_data: Any, correct: bool) -> tuple[onnx.ModelProto, BiasSums]:
@@ -130,6 +134,7 @@ def section(converted: Converted, target: Target, bias_correction: bool, float_s
             "enabled": bias_correction,
             "kernels": [c.__dict__ for c in converted.kernels],
         },
+        "embedding_rows": converted.tables,
         "lint": converted.lint_result.to_json(),
         "size_bytes": {"float": float_size, "quantized": converted.proto.ByteSize()},
     }
@@ -159,6 +164,15 @@ def encoding_lines(report: Mapping[str, Any]) -> list[str]:
             "(exact there, and more accurate; on CPUs without VNNI they can saturate)"
         )
     return out
+
+
+def table_lines(report: Mapping[str, Any]) -> list[str]:
+    """The embedding tables written as rows of 8-bit blocks (:mod:`requant.backends.embedding_rows`)."""
+    tables = report.get("embedding_rows", [])
+    named = ", ".join(f"{t['table']} ({t['n']} x {t['k']}, SQNR {t['sqnr_db']:.1f} dB)" for t in tables[:3])
+    more = f" and {len(tables) - 3} more" if len(tables) > 3 else ""
+    return [f"embedding tables in 8-bit blocks of {BLOCK} along each row, read by GatherBlockQuantized "
+            f"(no int8 kernel reads their rows): {named}{more}"] if tables else []  # fmt: skip
 
 
 def lint_lines(report: Mapping[str, Any]) -> list[str]:

@@ -99,6 +99,7 @@ SUMMARY: tuple[Lines, ...] = (
     blocks.lines,
     encoder_blocks.lines,
     convert.encoding_lines,
+    convert.table_lines,
     convert.lint_lines,  # and the size
     speed.latency_lines,
     outputs.detection_lines,
