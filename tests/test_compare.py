@@ -138,3 +138,55 @@ def test_the_report_compares_every_tensor_when_it_has_evaluation_data() -> None:
     assert all(tensors[n]["sqnr_db"] == pytest.approx(r.sqnr_db, abs=1e-3) for n, r in alone.items())
     without = requant.api.quantize(FLOAT, DIGITS / "calib.npz", measure=False)
     assert "tensors" not in without.report
+
+
+def _per_channel_add(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """NNCF's shape on PP-OCR's detector: an int8 Conv, an Add of its output and the Conv's input, the sum
+    quantized per channel. ONNX Runtime 1.31 loads it, but with the Conv's quantized output also a graph output
+    it fuses the Add with that per-channel QuantizeLinear into a QLinearAdd and refuses it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    weight = np.random.default_rng(0).integers(-50, 50, (4, 4, 1, 1)).astype(np.int8)
+    arrays = {"s": np.float32(0.05), "z": np.int8(0), "sw": np.float32(0.02), "zw": np.int8(0), "w": weight,
+              "sc": np.float32([0.1, 0.2, 0.3, 0.4]), "zc": np.zeros(4, np.int8)}  # fmt: skip
+    q = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+         h.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"]), h.make_node("Conv", ["xd", "wd"], ["c"]),
+         h.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]), h.make_node("DequantizeLinear", ["cq", "s", "z"], ["cd"]),
+         h.make_node("Add", ["cd", "xd"], ["a"], name="add"),
+         h.make_node("QuantizeLinear", ["a", "sc", "zc"], ["aq"], axis=1),
+         h.make_node("DequantizeLinear", ["aq", "sc", "zc"], ["y"], axis=1)]  # fmt: skip
+    f = [h.make_node("Conv", ["x", "wf"], ["c"]), h.make_node("Add", ["c", "x"], ["a"])]
+    io = ([h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+          [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])])  # fmt: skip
+    paths = tmp_path / "q.onnx", tmp_path / "f.onnx", tmp_path / "data.npz"
+    inits = [nh.from_array(np.asarray(v), k) for k, v in arrays.items()]
+    onnx.save(
+        h.make_model(h.make_graph(q, "q", *io, inits), opset_imports=[h.make_opsetid("", 13)], ir_version=8), paths[0]
+    )
+    wf = nh.from_array(weight.astype(np.float32) * 0.02, "wf")
+    out = [h.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4, 8, 8])]
+    floats = h.make_graph(f, "f", io[0], out, [wf])
+    onnx.save(h.make_model(floats, opset_imports=[h.make_opsetid("", 13)], ir_version=8), paths[1])
+    np.savez(paths[2], x=np.random.default_rng(1).uniform(-3, 3, (1, 4, 8, 8)).astype(np.float32))
+    return paths
+
+
+def test_a_model_onnx_runtime_refuses_with_its_values_exposed_is_compared_unfused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    quantized, floats, data = _per_channel_add(tmp_path)
+    import onnx
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(quantized))  # loads as given
+    exposed = onnx.load(quantized)
+    exposed.graph.output.append(onnx.ValueInfoProto(name="cq"))
+    with pytest.raises(Exception, match="Scale and Zero-point must be a scalar"):
+        ort.InferenceSession(exposed.SerializeToString())  # what compare met on NNCF's PP-OCR model
+    results = {r.name: r for r in compare(floats, quantized, data)}
+    assert set(results) == {"x", "c", "a"} and all(r.sqnr_db > 15 for r in results.values())
+    assert "QDQ fusions off" in caplog.text

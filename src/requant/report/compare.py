@@ -19,6 +19,7 @@ Statistics are running sums: memory does not grow with the number of samples.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -35,6 +36,9 @@ from requant.ir.provenance import channel_factors, quantizes
 from requant.ir.queries import constant, is_op
 from requant.report.agreement import overlap
 from requant.report.latency import session
+from requant.runtime import SessionError, cpu_session
+
+log = logging.getLogger("requant")
 
 __all__ = ["CompareError", "TensorComparison", "compare"]
 
@@ -130,6 +134,25 @@ def _with_outputs(model: ir.Model, names: list[str]) -> bytes:
     return proto.SerializeToString()  # type: ignore[no-any-return]
 
 
+def _quantized_session(model: ir.Model, outputs: list[str]) -> tuple[Any, bool]:
+    """A session of ``model`` with ``outputs`` exposed, and whether ONNX Runtime's QDQ fusions had to be off for
+    it. A quantized value made a graph output changes those fusions, and some then fail (NNCF's per-channel
+    activation scales reaching a QLinearAdd, which takes one scale: PP-OCR's detector); without them each op
+    runs in float between its conversions, which rounds as the int8 kernels do up to float sums. The model as
+    given must load, else its own refusal is raised."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    exposed = _with_outputs(model, outputs)
+    try:
+        return session(exposed), False
+    except SessionError:
+        session(_with_outputs(model, []))  # the model as given: its own error, when it has one
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return cpu_session(exposed, options, "comparison"), True
+
+
 def _sources(model: ir.Model, names: set[str]) -> dict[str, list[str]]:
     """For each compared tensor, the compared tensors it is computed from (through uncompared ones)."""
     producer = {str(o.name): n for n in model.graph for o in n.outputs}
@@ -191,7 +214,10 @@ def compare(float_model: Any, quantized_model: Any, data: Any, samples: int | No
     inputs = {str(v.name) for v in reference.graph.inputs}
     computed = [name for name in common if name not in inputs]  # the inputs' values are the sample's
     float_run = session(_with_outputs(reference, computed))
-    quant_run = session(_with_outputs(quantized, [marks[n].output for n in common]))
+    quant_run, unfused = _quantized_session(quantized, [marks[n].output for n in common])
+    if unfused:
+        log.warning("ONNX Runtime refuses the quantized model with its quantized values as outputs (it loads it as "
+                    "given): compared with its QDQ fusions off, each op in float between its conversions")  # fmt: skip
     for sample in itertools.islice(iter_samples(reference, data, "comparison"), samples):
         f = dict(zip(computed, float_run.run(computed, sample), strict=True)) if computed else {}
         f.update({name: sample[name] for name in common if name in inputs})
