@@ -127,8 +127,11 @@ def agreement(model: ir.Model, reference: Reference, q_session: Any, data: Any) 
         labels = labels_of(targets, [len(t) for t in sums.tops_f])
     if labels is not None:
         labels = _checked_labels(labels, len(top_f), samples)
+    first = np.asarray(outs_f[0]) if outs_f else np.zeros((0, 0))
     metrics = {
         "samples": float(samples),
+        # class scores ([N, classes], or [N, T, classes] per position) have a top-1; a map or a value does not
+        "class_scores": float(first.ndim in (2, 3) and first.shape[-1] > 1),
         "top1_agreement": float(np.mean(top_f == top_q)),
         "cosine_similarity": float(np.mean(np.concatenate(sums.cosines))),
         "sqnr_db": float(10 * np.log10(sums.energy / sums.noise)) if sums.noise > 0 else float("inf"),

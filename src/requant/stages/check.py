@@ -55,8 +55,9 @@ def evaluation_lines(report: Mapping[str, Any]) -> list[str]:
         out.append(
             f"accuracy: float {ev['float_accuracy']:.4f}, int8 {ev['int8_accuracy']:.4f} ({int(ev['samples'])} samples)"
         )
+    top1 = f"top-1 {ev['top1_agreement']:.4f}, " if ev.get("class_scores", 1.0) else ""  # (a map has no top-1)
     out.append(
-        f"agreement with float: top-1 {ev['top1_agreement']:.4f}, cosine {ev['cosine_similarity']:.5f}, "
+        f"agreement with float: {top1}cosine {ev['cosine_similarity']:.5f}, "
         f"SQNR {ev['sqnr_db']:.1f} dB"
         + (f" (in {int(ev['shapes_differ'])} samples the first output's shape is not float's: compared where both "
            "computed)" if ev.get("shapes_differ") else "")

@@ -49,6 +49,9 @@ def headline(report: Mapping[str, Any]) -> list[str]:
         parts.append(f"accuracy {ev['float_accuracy']:.4f} -> {ev['int8_accuracy']:.4f} ({int(ev['samples'])} samples)")
     elif ev and "feature extraction" in report.get("model_source", ""):  # hidden states: no class to agree on
         parts.append(f"cosine to float {ev['cosine_similarity']:.5f} ({int(ev['samples'])} rows)")
+    elif ev and not ev.get("class_scores", 1.0):  # a map (a text detector's), a value: the argmax is one pixel's
+        parts.append(f"cosine to float {ev['cosine_similarity']:.5f}, SQNR {ev['sqnr_db']:.1f} dB "
+                     f"({int(ev['samples'])} samples)")  # fmt: skip
     elif ev:
         parts.append(f"top-1 agreement with float {ev['top1_agreement']:.4f} ({int(ev['samples'])} samples)")
     return [f"{speed.quantized_model(report)}: " + ", ".join(parts)] if parts else []
