@@ -188,6 +188,19 @@ def test_a_group_whose_sizes_are_symbolic_is_left_as_annotated() -> None:
     assert group["placed"] == "float"
 
 
+def test_a_group_whose_sizes_are_symbolic_is_priced_at_the_first_samples_shapes() -> None:
+    # a text detector's height and width are symbolic: its calibration samples say what they are
+    model = _sigmoid_between_tanhs("N,8,H,W")
+    result = requant.quantize(model, _samples((1, 8, 16, 16)), measure=False, method="minmax")
+    (group,) = result.report["quantizers"]["placements"]
+    assert group["placed"] == "float" and group["float_us"] < group["int8_us"]
+    static = _sigmoid_between_tanhs("1,8,16,16")  # the same prices as the model with those sizes written in
+    (same,) = requant.quantize(static, _samples((1, 8, 16, 16)), measure=False, method="minmax").report["quantizers"][
+        "placements"
+    ]
+    assert (group["int8_us"], group["float_us"]) == (same["int8_us"], same["float_us"])
+
+
 def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
     from requant.report.html import to_html
 
@@ -199,9 +212,7 @@ def test_the_pages_show_each_group_kept_float_with_both_prices() -> None:
     assert row in to_markdown(result.report)
     page = to_html(result.report)
     assert "1 group of int8 ops between kernels, placed by modelled cost (1 kept float)" in page
-    assert (
-        "placement: 1 group of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
-    )
+    assert "placement: 1 group of int8 ops between kernels, 1 kept float (Sigmoid: modelled" in result.report["summary"]
 
 
 def test_each_onnx_runtime_target_prices_with_its_own_cpus_costs() -> None:

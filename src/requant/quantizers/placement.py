@@ -15,21 +15,26 @@ A group that is clearly cheaper in float (``FLOAT_MARGIN``) is kept float (:func
 its nodes; the API annotates the model again with them as ``FLOAT_PLACED``, which asks nothing of
 their ports, so the kernels around them stay int8). Float computes the same ops without rounding,
 so such a group is both faster and closer to the float model. Each group's decision is reported with
-both prices. A group whose sizes are not known (no static shape) is left as annotated, and said so;
+both prices. A value whose shape is symbolic past the batch (a text detector's height and width) is
+sized at the first calibration sample's shapes (:func:`sample_sizes`); one still unsized leaves its group
+as annotated, and said so;
 so is a lone op ONNX Runtime fuses into its int8 op whatever requant writes. A group writing a graph
 output goes float when float is modelled no dearer (a tie included): the output then leaves without
 its int8 rounding (TransNetV2's two Sigmoids of 100 probabilities, 0.6 us either way, cost it 1/255
 steps).
 
-Values are counted per sample, at batch 1 (the cost model's measurements); a group with any other
-dimension symbolic is left as annotated.
+Values are counted per sample, at batch 1 (the cost model's measurements); other symbolic dimensions
+take the first calibration sample's sizes, where ONNX's shape inference follows them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 
 from requant.ir.annotations import request
@@ -39,7 +44,7 @@ from requant.ir.traits import WEIGHTED, data_inputs
 from requant.quantizers.pattern_quantizer import ANNOTATED_KEY, KEPT_FLOAT_KEY, asks_for_int8
 from requant.targets.costs import CostModel
 
-__all__ = ["FLOAT_MARGIN", "Placement", "place", "price_kept_float"]
+__all__ = ["FLOAT_MARGIN", "Placement", "place", "price_kept_float", "sample_sizes"]
 
 SHARED = "SharedSpecQuantizer"  # its mark on the data-movement ops it annotates
 
@@ -122,17 +127,20 @@ def _groups(members: list[ir.Node]) -> list[list[ir.Node]]:
     return list(groups.values())
 
 
-def _size(value: ir.Value | None) -> int | None:
-    """``value``'s elements at batch 1: None unless every dimension but the first is known (a
-    sequence or image size left symbolic would price everything at one element)."""
-    if value is None or value.shape is None or any(not isinstance(d, int) for d in list(value.shape)[1:]):
+def _size(value: ir.Value | None, sizes: Mapping[str, int]) -> int | None:
+    """``value``'s elements at batch 1: where a dimension but the first is symbolic (a sequence or image size,
+    which would price everything at one element), its elements at the first calibration sample's shapes
+    (``sizes``), else None."""
+    if value is None or value.shape is None:
         return None
+    if any(not isinstance(d, int) for d in list(value.shape)[1:]):
+        return sizes.get(str(value.name))
     return static_elements(value)
 
 
-def _elements(node: ir.Node) -> int | None:
+def _elements(node: ir.Node, sizes: Mapping[str, int]) -> int | None:
     """What ``node``'s cost scales with: its output's elements (its input's for GlobalAveragePool)."""
-    return _size(node.inputs[0] if node.op_type == "GlobalAveragePool" else node.outputs[0])
+    return _size(node.inputs[0] if node.op_type == "GlobalAveragePool" else node.outputs[0], sizes)
 
 
 def _folded(node: ir.Node) -> bool:
@@ -177,12 +185,12 @@ def _fused_anyway(node: ir.Node, inside: set[ir.Node], costs: CostModel) -> bool
     return True
 
 
-def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
+def _price(group: list[ir.Node], costs: CostModel, sizes: Mapping[str, int]) -> tuple[float, float] | str:
     """The group's modelled microseconds as int8 and as float; or why it cannot be priced."""
     inside = set(group)
     int8_us = float_us = 0.0
     for node in group:
-        elements = _elements(node)
+        elements = _elements(node, sizes)
         if elements is None:
             return f"{node.op_type} '{node.name}' has no static shape after its batch"
         int8_us += 0.0 if _folded(node) else costs.op_us(node.op_type, True, elements)
@@ -196,7 +204,7 @@ def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
         for v in node.outputs:
             touched.setdefault(id(v), v)
     for value in touched.values():
-        size = _size(value)
+        size = _size(value, sizes)
         if size is None:
             return f"value '{value.name}' has no static shape after its batch"
         q, dq = costs.quantize.us(size), costs.dequantize.us(size)
@@ -220,8 +228,10 @@ def _price(group: list[ir.Node], costs: CostModel) -> tuple[float, float] | str:
     return int8_us, float_us
 
 
-def place(model: ir.Model, costs: CostModel) -> list[Placement]:
-    """Every group of int8 ops of the annotated ``model`` between kernels, with where it should run."""
+def place(model: ir.Model, costs: CostModel, sizes: Mapping[str, int] | None = None) -> list[Placement]:
+    """Every group of int8 ops of the annotated ``model`` between kernels, with where it should run; ``sizes``:
+    values' elements at a sample's shapes, for those whose shapes are symbolic (:func:`sample_sizes`)."""
+    sizes = sizes or {}
     members = [n for n in model.graph if _member(n, costs)]
     placements = []
     for group in _groups(members):
@@ -233,7 +243,7 @@ def place(model: ir.Model, costs: CostModel) -> list[Placement]:
         if any(not n.name for n in group):
             placements.append(Placement(names, ops, "as annotated", why="a node without a name"))
             continue
-        priced = _price(group, costs)
+        priced = _price(group, costs, sizes)
         if isinstance(priced, str):
             placements.append(Placement(names, ops, "as annotated", why=f"not priced: {priced}"))
             continue
@@ -254,15 +264,20 @@ def place(model: ir.Model, costs: CostModel) -> list[Placement]:
         elif float_us < FLOAT_MARGIN * int8_us:
             why = f"float is cheaper: {float_us:.1f} us against {int8_us:.1f} us in int8 (modelled)"
             placements.append(Placement(names, ops, "float", int8_us, float_us, why))
-        else:
+        elif int8_us <= float_us:
             why = f"int8 is cheaper: {int8_us:.1f} us against {float_us:.1f} us in float (modelled)"
+            placements.append(Placement(names, ops, "int8", int8_us, float_us, why))
+        else:
+            why = (f"float is not clearly cheaper: {float_us:.1f} us against {int8_us:.1f} us in int8 (modelled; "
+                   f"within the model's error, {1 - FLOAT_MARGIN:.0%})")  # fmt: skip
             placements.append(Placement(names, ops, "int8", int8_us, float_us, why))
     return placements
 
 
-def price_kept_float(model: ir.Model, costs: CostModel) -> list[Placement]:
+def price_kept_float(model: ir.Model, costs: CostModel, sizes: Mapping[str, int] | None = None) -> list[Placement]:
     """The ops the target's table kept float (a residual sum, for accuracy) between conversions, where
     the runtime has an int8 op for them: what that decision costs, modelled, for the report."""
+    sizes = sizes or {}
     priced = []
     for node in model.graph:
         reason = node.metadata_props.get(KEPT_FLOAT_KEY)
@@ -272,7 +287,7 @@ def price_kept_float(model: ir.Model, costs: CostModel) -> list[Placement]:
         if not all(_quantized(v) or constant(v) is not None for v in values if v is not None):
             continue
         name = node.name or node.op_type
-        prices = _price([node], costs)
+        prices = _price([node], costs, sizes)
         if isinstance(prices, str):
             continue
         int8_us, float_us = prices
@@ -283,3 +298,31 @@ def price_kept_float(model: ir.Model, costs: CostModel) -> list[Placement]:
             why += f": {float_us - int8_us:+.1f} us against its int8 op (modelled)"
         priced.append(Placement([name], [node.op_type], "float", int8_us, float_us, why, by="table"))
     return priced
+
+
+def sample_sizes(model: ir.Model, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Each value's elements at batch 1 when the graph inputs have ``shapes`` (a calibration sample's), by ONNX's
+    shape inference on a copy; only where the model has a symbolic dimension past the batch (a text detector's
+    height and width, a sequence), else nothing. Values it cannot size are left out (priced as before: not)."""
+    if all(isinstance(d, int) for v in model.graph.inputs if v.shape is not None for d in list(v.shape)[1:]):
+        return {}
+    proto = ir.to_proto(model)
+    del proto.graph.value_info[:]
+    for graph_input in proto.graph.input:
+        shape = shapes.get(graph_input.name)
+        if shape is None or not graph_input.type.HasField("tensor_type"):
+            continue
+        dims = graph_input.type.tensor_type.shape
+        del dims.dim[:]
+        for i, d in enumerate(shape):
+            dims.dim.add().dim_value = 1 if i == 0 else int(d)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # a model ONNX's inference cannot follow (a custom domain's op): priced as before
+        return {}
+    sizes = {}
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+        if dims and all(d.HasField("dim_value") for d in dims):
+            sizes[info.name] = int(np.prod([d.dim_value for d in dims]))
+    return sizes

@@ -14,13 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
+from requant.calibration.samples import Samples
 from requant.frontends import serialized_size
 from requant.quantizers import Quantizer, QuantizerReport
 from requant.quantizers.pattern_quantizer import KEPT_FLOAT_KEY
-from requant.quantizers.placement import Placement, place, price_kept_float
+from requant.quantizers.placement import Placement, place, price_kept_float, sample_sizes
 from requant.quantizers.quantizer import FLOAT_PLACED
 from requant.stages.load import load_model
 from requant.stages.transform import Evened, Evening, even_out, undo_per_tensor
@@ -52,24 +54,28 @@ def prepare(
     keep_float: bool | None,
     evening: Evening | None = None,
     load_options: Mapping[str, Any] | None = None,
+    samples: Samples | None = None,
 ) -> Prepared:
     """:func:`annotate`, then placement by the target's cost model: while groups of int8 ops cost more
     than their float versions, the model is annotated again with them kept float (``FLOAT_PLACED``);
-    every group's decision goes to the report."""
+    every group's decision goes to the report. ``samples``: the calibration samples, whose first one's
+    shapes size the values a symbolic dimension leaves unsized."""
     options = load_options or {}
     prepared = annotate(source, quantizer, target, strict, keep_float, evening, options)
     if target.costs is None:
         return prepared
+    first = samples.head(prepared.model, 1) if samples is not None else []
+    sizes = sample_sizes(prepared.model, {k: np.shape(v) for k, v in first[0].items()}) if first else {}
     decided: dict[tuple[str, ...], Placement] = {}
     for _ in range(PLACEMENT_ROUNDS):
-        found = place(prepared.model, target.costs)
+        found = place(prepared.model, target.costs, sizes)
         decided.update((tuple(p.nodes), p) for p in found)
         if not any(p.placed == "float" for p in found):
             break
         floats = [name for p in decided.values() if p.placed == "float" for name in p.nodes]
         prepared = annotate(source, quantizer.with_float_nodes(floats, FLOAT_PLACED), target, strict, keep_float,
                             evening, options)  # fmt: skip
-    kept = price_kept_float(prepared.model, target.costs)
+    kept = price_kept_float(prepared.model, target.costs, sizes)
     prepared.report.placements = [p.to_json() for p in (*decided.values(), *kept)]
     return prepared
 

@@ -87,7 +87,7 @@ class Flow:
         """Load, even out, annotate and place (:func:`requant.stages.annotate.prepare`)."""
         options = self.options
         return prepare(self.source, quantizer, self.target, options.strict, keep_float, self.evening(outputs),
-                       options.load_options)  # fmt: skip
+                       options.load_options, self.samples)  # fmt: skip
 
     @in_stage("calibration and conversion")
     def run(self, quantizer: Quantizer, method: str | None, first: Run | None = None,
