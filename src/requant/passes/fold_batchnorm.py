@@ -163,15 +163,12 @@ def _fold_through_concat(bn: ir.Node) -> bool:
     axis = int(_attr(concat, "axis", 0))
     if (axis if shape is None else axis % len(shape)) != 1 or len(x.uses()) != 1 or x.is_graph_output():
         return False
-    producers = [_foldable(v, _CONCAT_PRODUCERS) for v in concat.inputs]
-    if any(p is None for p in producers):
-        return False
-    counts = [_channels(p) for p in producers if p is not None]
-    if sum(counts) != len(statistics[0]):
+    producers = [p for v in concat.inputs if (p := _foldable(v, _CONCAT_PRODUCERS)) is not None]
+    counts = [_channels(p) for p in producers]
+    if len(producers) != len(concat.inputs) or sum(counts) != len(statistics[0]):
         return False
     (scale, beta, mean), name, start = statistics, bn.outputs[0].name or "bn", 0
     for producer, count in zip(producers, counts, strict=True):
-        assert producer is not None
         own = slice(start, start + count)
         _fold_into(producer, (scale[own], beta[own], mean[own]), bn.outputs[0], f"{name}_{start}_bias")
         start += count

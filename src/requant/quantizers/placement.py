@@ -16,12 +16,11 @@ its nodes; the API annotates the model again with them as ``FLOAT_PLACED``, whic
 their ports, so the kernels around them stay int8). Float computes the same ops without rounding,
 so such a group is both faster and closer to the float model. Each group's decision is reported with
 both prices. A value whose shape is symbolic past the batch (a text detector's height and width) is
-sized at the first calibration sample's shapes (:func:`sample_sizes`); one still unsized leaves its group
-as annotated, and said so;
-so is a lone op ONNX Runtime fuses into its int8 op whatever requant writes. A group writing a graph
-output goes float when float is modelled no dearer (a tie included): the output then leaves without
-its int8 rounding (TransNetV2's two Sigmoids of 100 probabilities, 0.6 us either way, cost it 1/255
-steps).
+sized at the first calibration sample's shapes (:func:`sample_sizes`); one still unsized leaves its
+group as annotated, and said so; so is a lone op ONNX Runtime fuses into its int8 op whatever requant
+writes. A group writing a graph output goes float when float is modelled no dearer (a tie included):
+the output then leaves without its int8 rounding (TransNetV2's two Sigmoids of 100 probabilities,
+0.6 us either way, cost it 1/255 steps).
 
 Values are counted per sample, at batch 1 (the cost model's measurements); other symbolic dimensions
 take the first calibration sample's sizes, where ONNX's shape inference follows them.

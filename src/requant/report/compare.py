@@ -36,7 +36,7 @@ from requant.ir.provenance import channel_factors, quantizes
 from requant.ir.queries import constant, is_op
 from requant.report.agreement import overlap
 from requant.report.latency import session
-from requant.runtime import SessionError, cpu_session
+from requant.runtime import SessionError
 
 log = logging.getLogger("requant")
 
@@ -140,17 +140,12 @@ def _quantized_session(model: ir.Model, outputs: list[str]) -> tuple[Any, bool]:
     activation scales reaching a QLinearAdd, which takes one scale: PP-OCR's detector); without them each op
     runs in float between its conversions, which rounds as the int8 kernels do up to float sums. The model as
     given must load, else its own refusal is raised."""
-    import onnxruntime as ort  # type: ignore[import-untyped]
-
     exposed = _with_outputs(model, outputs)
     try:
         return session(exposed), False
     except SessionError:
         session(_with_outputs(model, []))  # the model as given: its own error, when it has one
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.disable_quant_qdq", "1")
-    return cpu_session(exposed, options, "comparison"), True
+    return session(exposed, fused=False), True
 
 
 def _sources(model: ir.Model, names: set[str]) -> dict[str, list[str]]:

@@ -26,12 +26,13 @@ from requant.runtime import cpu_session
 __all__ = ["interleaved_latency_ms", "session"]
 
 
-def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | None = None, arena: bool = True) -> Any:
+def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | None = None, arena: bool = True,
+            fused: bool = True) -> Any:  # fmt: skip
     """An ONNX Runtime CPU session for ``model`` (a path, bytes or ``ModelProto``; ``threads`` 0: ONNX Runtime's
     default; ``folder``: where the external data of a model given as bytes is; ``arena`` False: tensors
     allocated and freed one by one, not from ONNX Runtime's arena, which keeps its largest size until the
     session closes and grows by powers of two: a decoder's sections ran at 1.7-2.0 GB with it, 1.1-1.4 without,
-    as fast)."""
+    as fast; ``fused`` False: ONNX Runtime's QDQ fusions off, each op in float between its conversions)."""
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     options = ort.SessionOptions()
@@ -42,6 +43,8 @@ def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | 
     if folder is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
     options.enable_cpu_mem_arena = arena
+    if not fused:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     source = model.SerializeToString() if hasattr(model, "SerializeToString") else model
     return cpu_session(source, options)
 
