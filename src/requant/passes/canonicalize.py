@@ -17,6 +17,7 @@ PIPELINE = [
     "relu-into-concat",
     "fold-pad",
     "fuse-matmul-add",
+    "order-gelu",
     "unshare-biases",
     "dequantize-per-consumer",
     "unique-names",

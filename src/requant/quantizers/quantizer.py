@@ -300,7 +300,7 @@ class Quantizer:
         done, kept = [], []
         for node in candidates:
             config = next((c for selected, c in selections if node in selected), None)
-            if config is None or config.name == FLOAT.name:
+            if config is None or config.name in (FLOAT.name, FLOAT_PLACED.name):  # kept float as it stands
                 continue
             rule = rules[node.op_type]
             if not rule.applies(node, config):

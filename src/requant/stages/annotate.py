@@ -89,6 +89,12 @@ def _kept_by_table(model: ir.Model, target: Target) -> dict[str, str]:
     return {name: why for name, why in reasons.items() if why}
 
 
+def _float_by_table(model: ir.Model, target: Target) -> dict[str, str]:
+    """The nodes the target's table computes in float where they stand (``SupportTable.float_ops``), with why."""
+    rule = target.table.float_ops
+    return dict(rule(model.graph)) if rule is not None and not target.integer_only else {}
+
+
 def annotate(
     source: Any,
     quantizer: Quantizer,
@@ -111,12 +117,13 @@ def annotate(
         proto = ir.serde.serialize_model(model) if keep_float else None
         float_model = (proto, proto.ByteSize() if proto is not None else serialized_size(model))
     quantizer, evened = even_out(model, evening, quantizer.for_table(target.table), target)
-    kept = _kept_by_table(model, target)
+    kept, placed = _kept_by_table(model, target), _float_by_table(model, target)
     quantizer = quantizer.with_float_nodes(kept) if kept else quantizer
+    quantizer = quantizer.with_float_nodes(placed, FLOAT_PLACED) if placed else quantizer
     report = quantizer.quantize(model, strict=strict, presets=target.presets)
     for node in model.graph:
-        if node.name in kept:
-            node.metadata_props[KEPT_FLOAT_KEY] = kept[node.name]
+        if node.name in kept or node.name in placed:
+            node.metadata_props[KEPT_FLOAT_KEY] = kept.get(node.name) or placed[node.name]
     report.decomposed[:0] = loaded.decomposed
     report.compute = loaded.compute or report.compute
     report.random_seeded = loaded.seeded

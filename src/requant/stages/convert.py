@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from requant.backends import finish_qdq, materialize_qdq
 from requant.backends.embedding_rows import BLOCK, write_embedding_rows
+from requant.backends.fused_gelu import write_gelus
 from requant.calibration.runner import Progress
 from requant.encoding.weight_encoding import EncodingMemo, WeightEncoding
 from requant.propagation.propagate import propagate
@@ -85,7 +86,10 @@ def stage(model: ir.Model, target: Target, keep_floats: bool, memo: EncodingMemo
     propagation = propagate(model, target.kernels, memo, target.table.same_scale, target.table.joins)
     tables = [] if target.integer_only else write_embedding_rows(model)
     floats = float_parameters(model) if keep_floats else {}
-    return Staged(materialize_qdq(model), propagation.notes, propagation.encodings, floats, tables)
+    written = materialize_qdq(model)
+    if not target.integer_only:
+        write_gelus(written)
+    return Staged(written, propagation.notes, propagation.encodings, floats, tables)
 
 
 def finish(

@@ -119,6 +119,9 @@ class SupportTable:
     where an input would lose what it says there (:class:`~requant.targets.constraints.Join`).
     ``float_kernels``: ops the target keeps float whole, their inputs too (as a node named float), with the
     reason: a YOLO box decode's expectation over bins on ONNX Runtime (:mod:`requant.targets.bins`).
+    ``float_ops``: ops the target computes in float where they stand, asking nothing of their ports (the int8
+    kernels around them keep theirs, as placement's float groups), by name, with the reason: a GELU written out
+    with erf on ONNX Runtime, which fuses it into one float kernel (:mod:`requant.passes.order_gelu`).
     """
 
     name: str
@@ -129,6 +132,7 @@ class SupportTable:
     float_results: Callable[[ir.Node], bool] | None = None
     joins: Mapping[str, Join] = field(default_factory=dict)
     float_kernels: Callable[[ir.Node], str | None] | None = None
+    float_ops: Callable[[ir.Graph], Mapping[str, str]] | None = None
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.patterns, key=lambda p: -len(p.ops)))
