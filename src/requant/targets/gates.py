@@ -8,9 +8,9 @@ whatever the map's size, and int8 saves nothing there, but rounds the gate at ev
 the gate's hidden Relu at 10.6 dB SQNR against float, the gated map 5.3 dB under its input). The ONNX Runtime
 table computes them in float where they stand (``float_ops``): the mean before them stays int8 (it reads the
 whole map; its int8 result is dequantized for the gate), and so does the gating Mul (it quantizes the gate
-once, as its input). Measured on PP-OCR's small detector (64 photo crops to
-calibrate, 20 others): the output 20.8 -> 22.0 dB against float, latency 0.68x -> 0.66x float's (the same,
-within the run's noise).
+once, as its input). Measured on PP-OCR's small detector (``bench/bench_zoo.py``: 64 photo crops to
+calibrate, 100 others), its GELUs already float: the output 21.3 -> 22.0 dB against float, latency 0.66x ->
+0.65x float's (the same, within the runs' noise).
 
 :func:`in_gate` names such an op: its data input and output are per-channel values (every axis after the
 channel one of size 1), it reads a spatial mean through ops of the same kind, and its result reaches, through
