@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -148,3 +149,18 @@ def test_auto_takes_the_first_method_without_measuring_when_both_give_the_same_m
         "why": "the candidates are the same model",
     }
     assert "method: auto -> minmax (the candidates are the same model)" in quantized.report["summary"]
+
+
+def test_an_lstm_named_float_stays_float() -> None:
+    # the LSTM's check rejected a float config ("an LSTM's int8 kernel only quantizes weights"), so the node went
+    # unclaimed and the preset made it a DynamicQuantizeLSTM anyway: a user's float override was ignored
+    from requant.quantizers import FLOAT, Quantizer
+
+    model = _adversarial_lstm()
+    model.graph.node[0].name = "lstm"
+    calibration = [{"x": run} for run in np.random.default_rng(0).uniform(0, 1, (8, 4, 1, 16)).astype(np.float32)]
+    quantizer = Quantizer().set_global_by_model().set_node_name("lstm", FLOAT)
+    quantized = requant.quantize(model, calibration, quantizer=quantizer, measure=False)
+    assert [n.op_type for n in quantized.model.graph] == ["LSTM"]
+    x = calibration[0]["x"]
+    assert np.array_equal(_run(ir.to_proto(quantized.model), x), _run(model, x))

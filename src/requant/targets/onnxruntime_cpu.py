@@ -143,6 +143,8 @@ def _check_lstm(match: Match, config: QuantizationConfig) -> Verdict:
     gate row, float bias, gates and states."""
     node = match.nodes[0]
     spec = config.weight
+    if isinstance(spec, NoQuant):  # a float config (a node the user or a rule names float): kept float, claimed
+        return Accept()
     if not isinstance(spec, QuantizationSpec):
         return Reject("the config keeps weights float, and an LSTM's int8 kernel only quantizes weights", at=node)
     if spec.dtype not in ("int8", "uint8") or spec.granularity == "blockwise":
