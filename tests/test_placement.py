@@ -23,7 +23,7 @@ import requant
 from requant.frontends import load_onnx_text
 from requant.ir import print_model
 from requant.ir.annotations import iter_values, request
-from requant.quantizers import QuantizationSpec, Quantizer, QuantizerReport
+from requant.quantizers import PRESETS, QuantizationSpec, Quantizer, QuantizerReport
 from requant.quantizers.quantizer import FLOAT_KERNEL, FLOAT_PLACED
 from requant.report.latency import session
 from requant.report.markdown import to_markdown
@@ -288,3 +288,33 @@ def test_a_group_writing_a_graph_output_goes_float_where_float_costs_no_more(tmp
     (writer,) = [n for n in result.model.graph if n.outputs[0].is_graph_output()]
     assert writer.op_type == "Sigmoid"  # the output as float computes it, not a DequantizeLinear's steps
     assert "Sigmoid: as fast, no rounding" in result.report["summary"]
+
+
+def test_a_linear_layer_read_only_by_a_float_output_op_keeps_its_result_float(tmp_path: Path) -> None:
+    # TransNetV2's classifier: Linear (MatMul + bias Add) -> Sigmoid -> the output. Once placement keeps the
+    # Sigmoid float, the logits need no int8 type: the layer runs as MatMulIntegerToFloat with its bias, the
+    # logits unrounded (they were on steps of 0.1: the output 45 -> 48 dB against float on 32 clips)
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal((64, 1)) * 0.2).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(np.array([0.3], np.float32), "b")]  # fmt: skip
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
+            onnx.helper.make_node("Add", ["b", "m"], ["logits"], name="fc_bias"),
+            onnx.helper.make_node("Sigmoid", ["logits"], ["y"], name="sig"),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 100, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 100, 1])],
+        inits,
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    data = _samples((1, 100, 64), 16)
+    quantizer = Quantizer().set_global(PRESETS["INT8_PER_CHANNEL_WEIGHTS"])  # TransNetV2's, a conv net's
+    result = requant.quantize(model, data, measure=False, method="minmax", quantizer=quantizer)
+    (group,) = [p for p in result.report["quantizers"]["placements"] if p["ops"] == ["Sigmoid"]]
+    assert group["placed"] == "float"
+    assert result.report["lint"]["int8_kernels"] == {"MatMulIntegerToFloat": 1}
+    (sigmoid,) = [n for n in result.model.graph if n.op_type == "Sigmoid"]
+    writer = sigmoid.inputs[0].producer()
+    assert writer is not None and writer.op_type == "MatMulIntegerToFloat"  # no QuantizeLinear between them

@@ -138,12 +138,28 @@ FLOAT_RESULT = (
 
 
 def _float_result(match: Match, out: ir.Value, table: SupportTable | None) -> bool:
-    """A one-op kernel whose output only the model's caller reads, which the target computes in int8
-    with a float output (its table's ``float_results``)."""
+    """A kernel (one op, or a linear layer's MatMul and bias Add) whose output only the model's caller reads,
+    which the target computes in int8 with a float output (its table's ``float_results``)."""
     kernel = match.nodes[0]
-    if table is None or table.float_results is None or len(match.nodes) != 1:
+    if table is None or table.float_results is None or not table.float_results(kernel):
         return False
-    return out.is_graph_output() and not out.uses() and table.float_results(kernel)
+    if len(match.nodes) > 1 and [n.op_type for n in match.nodes[1:]] != ["Add"]:
+        return False
+    return _only_the_models(out)
+
+
+def _only_the_models(out: ir.Value) -> bool:
+    """Whether only the model's caller reads ``out``: a graph output nothing reads, or a value read only by ops
+    already annotated to compute in float (kept float by a name or by placement: TransNetV2's output Sigmoids)
+    whose outputs are graph outputs nothing reads."""
+    readers = [use.node for use in out.uses()]
+    if not readers:
+        return out.is_graph_output()
+    return all(
+        r.metadata_props.get(ANNOTATED_KEY, "").endswith(_IN_FLOAT)
+        and all(o.is_graph_output() and not o.uses() for o in r.outputs)
+        for r in readers
+    )
 
 
 @dataclass(frozen=True)
