@@ -23,7 +23,7 @@ import numpy as np
 
 from requant.runtime import cpu_session
 
-__all__ = ["interleaved_latency_ms", "session"]
+__all__ = ["interleaved_latency_ms", "interleaved_rounds", "session", "slower_share"]
 
 
 def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | None = None, arena: bool = True,
@@ -49,15 +49,16 @@ def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | 
     return cpu_session(source, options)
 
 
-def interleaved_latency_ms(
+def interleaved_rounds(
     sessions: Sequence[Any],
     sample: Mapping[str, np.ndarray],
     budget_s: float = 2.0,
     block_ms: float = 10.0,
     min_rounds: int = 5,
     max_rounds: int = 50,
-) -> list[float]:
-    """The median milliseconds per run of each session on ``sample``, measured in alternating blocks."""
+) -> list[list[float]]:
+    """The milliseconds per run of each session on ``sample`` in each round of alternating blocks (one block of
+    each session a round, in turn: round ``i`` of two sessions is a pair measured side by side)."""
     feeds = dict(sample)
     sizes = []
     for s in sessions:  # warm up, and size each model's block
@@ -75,6 +76,17 @@ def interleaved_latency_ms(
             begin = time.perf_counter()
             for _ in range(sizes[i]):
                 s.run(None, feeds)
-            times[i].append((time.perf_counter() - begin) / sizes[i])
+            times[i].append((time.perf_counter() - begin) / sizes[i] * 1e3)
         rounds += 1
-    return [float(np.median(t) * 1e3) for t in times]
+    return times
+
+
+def interleaved_latency_ms(sessions: Sequence[Any], sample: Mapping[str, np.ndarray], **given: Any) -> list[float]:
+    """The median milliseconds per run of each session on ``sample``, measured in alternating blocks."""
+    return [float(np.median(t)) for t in interleaved_rounds(sessions, sample, **given)]
+
+
+def slower_share(base: Sequence[float], other: Sequence[float]) -> float:
+    """The share of rounds in which ``other`` took longer than ``base`` (rounds paired as measured)."""
+    pairs = list(zip(base, other, strict=True))
+    return sum(b > a for a, b in pairs) / len(pairs) if pairs else 0.0
