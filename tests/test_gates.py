@@ -64,6 +64,9 @@ def test_a_gates_per_channel_ops_compute_in_float_between_int8_kernels() -> None
     lint = result.report["lint"]
     assert lint["int8_kernels"] == {"QLinearConv": 2, "QLinearGlobalAveragePool": 1, "QLinearMul": 1}
     assert all(nodes[n].metadata_props.get(KEPT_FLOAT_KEY) == REASON for n in ("squeeze", "relu", "excite", "gate"))
+    # the report lists the chain between the mean's DequantizeLinear and the Mul's QuantizeLinear as ONNX Runtime
+    # runs it (each 1x1 convolution fused with the activation after it), with why
+    assert lint["kept_float_by_decision"] == [f"FusedConv '{name}': {REASON}" for name in ("squeeze", "excite")]
     # the gate is the float function of the dequantized mean, not rounded on the way
     w = _weights()
     exposed = ir.to_proto(result.model)

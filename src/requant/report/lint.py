@@ -237,8 +237,30 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
             result.asked_but_float.append(f"{original} (runs as {runs_as})")
         fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in node.input)
         feeds = any(c.op_type == "QuantizeLinear" for o in node.output for c in consumers.get(o, []))
-        if fed and feeds and node.name in kept:
-            result.kept_float.append(f"{node.op_type} '{label}': {kept[node.name]}")
-        elif fed and feeds:
+        if fed and feeds and node.name not in kept:
             result.float_between_qdq.append(f"{node.op_type} '{label}'")
+    between = _kept_between_conversions(graph, kept, producer, consumers)
+    result.kept_float = [f"{n.op_type} '{n.name}': {kept[n.name]}" for n in graph.node if n.name in between]
     return result
+
+
+def _kept_between_conversions(
+    graph: onnx.GraphProto,
+    kept: dict[str, str],
+    producer: dict[str, onnx.NodeProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> set[str]:
+    """The float nodes a target's rule kept float that sit between a DequantizeLinear and a QuantizeLinear, alone or in
+    a chain of such nodes (a squeeze-and-excitation gate's 1x1 convolutions, Relu and HardSigmoid)."""
+    nodes = [n for n in graph.node if n.name and n.name in kept and n.op_type not in (*_QDQ, *INT8_KERNELS)]
+    fed: set[str] = set()
+    for node in nodes:  # the optimized graph is in topological order
+        sources = [producer.get(i) for i in node.input]
+        if any(p is not None and (p.op_type == "DequantizeLinear" or p.name in fed) for p in sources):
+            fed.add(node.name)
+    feeds: set[str] = set()
+    for node in reversed(nodes):
+        readers = [c for o in node.output for c in consumers.get(o, [])]
+        if any(c.op_type == "QuantizeLinear" or c.name in feeds for c in readers):
+            feeds.add(node.name)
+    return fed & feeds
