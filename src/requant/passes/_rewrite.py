@@ -23,6 +23,7 @@ __all__ = [
     "keeps_interface",
     "new_initializer",
     "only_reader",
+    "other_input",
     "reduces_last_axis",
     "replace_chain",
     "take_over",
@@ -102,6 +103,14 @@ def only_reader(value: ir.Value, op_type: str) -> ir.Node | None:
         return None
     reader: ir.Node = uses[0].node
     return reader
+
+
+def other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The input of a two-input ``node`` (an Add, Mul, Div...) that is not ``value``; None when ``value`` is neither."""
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    return b if a is value else a if b is value else None
 
 
 def reduces_last_axis(node: ir.Node, rank: int | None) -> bool:

@@ -27,7 +27,15 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.passes._base import Pass
-from requant.passes._rewrite import constant, is_op, new_initializer, only_reader, reduces_last_axis, replace_chain
+from requant.passes._rewrite import (
+    constant,
+    is_op,
+    new_initializer,
+    only_reader,
+    other_input,
+    reduces_last_axis,
+    replace_chain,
+)
 
 __all__ = ["OPSET", "PASS", "FuseLayerNorm", "find"]
 
@@ -48,16 +56,10 @@ def _number(value: ir.Value | None) -> float | None:
     return float(data.reshape(-1)[0]) if data is not None and data.size == 1 else None
 
 
-def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    """The input of a two-input ``node`` that is not ``value``."""
-    a, b = (node.inputs[i] if i < len(node.inputs) else None for i in (0, 1))
-    return b if a is value else a if b is value else None
-
-
 def _per_channel(node: ir.Node, value: ir.Value, size: int | None) -> ir.Value | None:
     """``node``'s other input when it is a constant of values along the last axis (``size`` of them,
     where the last axis's size is known)."""
-    other = _other(node, value)
+    other = other_input(node, value)
     data = constant(other) if other is not None else None
     if data is None or data.ndim == 0 or any(d != 1 for d in data.shape[:-1]):
         return None
@@ -88,7 +90,7 @@ def _chain(mean: ir.Node) -> _Chain | None:
     if variance is None or not reduces_last_axis(variance, rank):
         return None
     plus = only_reader(variance.outputs[0], "Add")
-    epsilon = _number(_other(plus, variance.outputs[0])) if plus is not None else None
+    epsilon = _number(other_input(plus, variance.outputs[0])) if plus is not None else None
     root = only_reader(plus.outputs[0], "Sqrt") if plus is not None else None
     if plus is None or root is None or epsilon is None or epsilon < 0:
         return None

@@ -37,7 +37,7 @@ import onnx_ir as ir
 from requant.ir.annotations import replace_value
 from requant.ir.queries import fresh_name, graph_values
 from requant.passes._base import Pass
-from requant.passes._rewrite import adopt_name, constant, is_op, new_initializer, only_reader
+from requant.passes._rewrite import adopt_name, constant, is_op, new_initializer, only_reader, other_input
 
 __all__ = ["PASS", "Gelu", "OrderGelu", "find", "members"]
 
@@ -50,14 +50,6 @@ def _scalar(value: ir.Value | None, expected: float) -> bool:
     if data is None or data.size != 1 or data.ndim > 1 or not np.issubdtype(data.dtype, np.floating):
         return False
     return bool(abs(float(data.reshape(-1)[0]) - expected) <= 1e-8 + 1e-5 * abs(expected))
-
-
-def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    """The input of a two-input ``node`` that is not ``value``."""
-    if len(node.inputs) != 2:
-        return None
-    a, b = node.inputs
-    return b if a is value else a if b is value else None
 
 
 @dataclass
@@ -93,16 +85,16 @@ def _tail(x: ir.Value, s: ir.Value) -> tuple[ir.Node, ir.Node, bool] | None:
     first = only_reader(s, "Mul")
     if first is None:
         return None
-    other = _other(first, s)
+    other = other_input(first, s)
     if other is None:
         return None
     inner = other.producer()
     alone = len(other.uses()) == 1 and not other.is_graph_output()
-    if inner is not None and is_op(inner, "Mul") and alone and _scalar(_other(inner, x), 0.5):  # Mul(Mul(x, 0.5), s)
-        return inner, first, True
+    if inner is not None and is_op(inner, "Mul") and alone and _scalar(other_input(inner, x), 0.5):
+        return inner, first, True  # Mul(Mul(x, 0.5), s)
     if other is x or _scalar(other, 0.5):  # Mul(Mul(x, s), 0.5) or Mul(x, Mul(s, 0.5))
         second = only_reader(first.outputs[0], "Mul")
-        last = _other(second, first.outputs[0]) if second is not None else None
+        last = other_input(second, first.outputs[0]) if second is not None else None
         if second is not None and last is not None and (last is x if other is not x else _scalar(last, 0.5)):
             return first, second, False
     return None
@@ -114,7 +106,7 @@ def _gelu(erf: ir.Node) -> Gelu | None:
         return None
     x, scale = found
     add = only_reader(erf.outputs[0], "Add")
-    if add is None or not _scalar(_other(add, erf.outputs[0]), 1.0):
+    if add is None or not _scalar(other_input(add, erf.outputs[0]), 1.0):
         return None
     tail = _tail(x, add.outputs[0])
     if tail is None:
@@ -128,10 +120,9 @@ def find(graph: ir.Graph) -> list[Gelu]:
     return [g for node in list(graph) if is_op(node, "Erf") and (g := _gelu(node)) is not None]
 
 
-def members(graph: ir.Graph) -> dict[str, ir.Node]:
-    """The ops of every written-out erf GELU of ``graph`` already in ONNX Runtime's order, by name."""
-    nodes = [n for g in find(graph) if g.ordered for n in (g.scale, g.erf, g.add, *g.tail)]
-    return {str(n.name): n for n in nodes if n.name}
+def members(graph: ir.Graph) -> list[str]:
+    """The names of the ops of every written-out erf GELU of ``graph`` already in ONNX Runtime's order."""
+    return [str(n.name) for g in find(graph) if g.ordered for n in (g.scale, g.erf, g.add, *g.tail) if n.name]
 
 
 def _reorder(graph: ir.Graph, gelu: Gelu) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from requant.runtime import cpu_session
 
-__all__ = ["interleaved_latency_ms", "interleaved_rounds", "session", "slower_share"]
+__all__ = ["interleaved_latency_ms", "interleaved_rounds", "medians", "session", "slower_share"]
 
 
 def session(model: Any, threads: int = 2, spinning: bool = False, folder: str | None = None, arena: bool = True,
@@ -81,9 +81,14 @@ def interleaved_rounds(
     return times
 
 
+def medians(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """Each session's median milliseconds over its rounds (:func:`interleaved_rounds`)."""
+    return [float(np.median(t)) for t in rounds]
+
+
 def interleaved_latency_ms(sessions: Sequence[Any], sample: Mapping[str, np.ndarray], **given: Any) -> list[float]:
     """The median milliseconds per run of each session on ``sample``, measured in alternating blocks."""
-    return [float(np.median(t)) for t in interleaved_rounds(sessions, sample, **given)]
+    return medians(interleaved_rounds(sessions, sample, **given))
 
 
 def slower_share(base: Sequence[float], other: Sequence[float]) -> float:

@@ -21,10 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from requant.report.agreement import Reference
-from requant.report.latency import interleaved_latency_ms, interleaved_rounds, session, slower_share
+from requant.report.latency import interleaved_latency_ms, interleaved_rounds, medians, session, slower_share
 from requant.runtime import in_stage
 from requant.stages.run import Flow, Run
 
@@ -58,7 +56,7 @@ def measure_speed(
     # what each try of the budget costs: every model it made, the first int8 one included, beside
     others = [i for i, candidate in enumerate(tried) if candidate is not run]
     rounds = interleaved_rounds([f_session, q_session, *(session(tried[i].converted.proto) for i in others)], sample)
-    times = [float(np.median(r)) for r in rounds]
+    times = medians(rounds)
     found: dict[str, Any] = {"latency_ms_batch1": {"float": times[0], "quantized": times[1], "measured": "interleaved",
                                                    "int8_slower_in": slower_share(rounds[0], rounds[1])}}  # fmt: skip
     if budget is not None:
