@@ -418,13 +418,18 @@ def preflight(options: Options, model: Any, calibration_data: Any) -> None:
     output overwrites no input (a refused run writes nothing)."""
     from requant.calibration.data import check_exists, iterable
     from requant.frontends import check_outputs
+    from requant.frontends.hf_parts import parts_of
 
     check_exists(calibration_data, "calibration")
     check_exists(options.eval_data, "evaluation")
     if options.transform is not None and not (iterable(calibration_data) or iterable(options.eval_data)):
         raise ArgumentError("transform applies to the items of iterable data (a DataLoader, a list, a generator); "
                             "neither the calibration nor the evaluation data is one")  # fmt: skip
+    parted = parts_of(model)
+    if parted and options.output is not None and os.path.splitext(os.fspath(options.output))[1]:
+        raise ArgumentError(f"'{model}' holds a model of parts ({', '.join(parted)}), each written as its own file: "
+                            f"give a folder as the output, not '{options.output}'")  # fmt: skip
     if options.output is not None:
         check_outputs({"output": options.output}, {"the model": model, "the calibration data": calibration_data,
                                                    "the evaluation data": options.eval_data},
-                      folders=("output",) if options.flow == "blocks" else ())  # fmt: skip
+                      folders=("output",) if options.flow == "blocks" or parted else ())  # fmt: skip

@@ -8,6 +8,8 @@ its summary is read from them (:mod:`requant.stages.report`).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import sys
 import time
@@ -19,8 +21,10 @@ import onnx_ir as ir
 
 from requant.backends.tosa import TosaProgram
 from requant.backends.tosa.mlir import to_mlir
+from requant.calibration.data import transformed
 from requant.calibration.samples import KEEP_SAMPLES, Samples
-from requant.errors import RequantError
+from requant.errors import ArgumentError, RequantError
+from requant.frontends.hf_parts import load_parts, parts_of
 from requant.ir.random_ops import unseeded
 from requant.options import OPTIONS, Options, preflight
 from requant.report.agreement import Reference
@@ -33,12 +37,14 @@ from requant.stages.choose import choose_method
 from requant.stages.load import front_door
 from requant.stages.lower import lower
 from requant.stages.outputs import check_outputs
-from requant.stages.report import summary
+from requant.stages.report import parts_summary, summary
 from requant.stages.run import Flow, Run
 from requant.stages.speed import measure_speed
 from requant.targets.kernels import host_kernel_model
 
 __all__ = ["QuantizedModel", "quantize"]
+
+log = logging.getLogger("requant")
 
 
 @dataclass
@@ -53,6 +59,7 @@ class QuantizedModel:
     tosa: TosaProgram | None = None
     pte: bytes | None = None  # the executorch-xnnpack target's program (``model`` is None there)
     staged: Any = None  # a language model's: the folder it is written to (requant.stages.blocks.Staged)
+    parts: dict[str, QuantizedModel] | None = None  # a model of parts' (Whisper, CLIP): each part's, by name
 
     def mlir(self) -> str:
         if self.tosa is None:
@@ -64,6 +71,10 @@ class QuantizedModel:
 
         if self.staged is not None:  # a language model: its folder, or its .onnx with its data
             self.staged.save(path)
+        elif self.parts is not None:  # a model of parts: a folder, a file each (Optimum's names)
+            os.makedirs(path, exist_ok=True)
+            for name, part in self.parts.items():
+                part.save(os.path.join(path, f"{name}.onnx"))
         elif str(path).endswith(".mlir"):
             frontends.save_text(self.mlir(), path)
         elif self.pte is not None:
@@ -80,6 +91,11 @@ def quantize(model: Any, calibration_data: Any, options: Options | None = None, 
     started = time.perf_counter()
     options = options or Options.create(**given)
     preflight(options, model, calibration_data)  # before any work: a refused run writes nothing
+    if parts_of(model):
+        parted = quantize_parts(model, calibration_data, options)
+        if options.output is not None:
+            parted.save(options.output)
+        return parted
     model, calibration_data, options, said = front_door(model, calibration_data, options)
     result: QuantizedModel = FLOWS[options.flow](model, calibration_data, options, started)
     if said:  # how the model came in: the report's first entries, and the summary's lines on them
@@ -95,6 +111,37 @@ quantize.__doc__ = (
     + "\n\n"
     + "\n".join(f"    ``{o.name}`` (default {o.default!r}): {o.help}" for o in OPTIONS)
 )
+
+
+def quantize_parts(folder: Any, calibration_data: Any, options: Options) -> QuantizedModel:
+    """A Hugging Face folder of a model of parts (:mod:`requant.frontends.hf_parts`: Whisper's encoder and decoder,
+    CLIP's text and vision towers): each part exported, its data read from the data given, and quantized by the
+    options' flow as a model of its own; the report holds each part's (``parts``), and its summary theirs."""
+    if options.flow not in PARTS_FLOWS:
+        raise ArgumentError(f"'{folder}' holds a model of parts: it is quantized for ONNX Runtime (the onnxruntime-cpu "
+                            f"targets, or --preset INT4_BLOCKWISE_WEIGHTS), not {options.target}")  # fmt: skip
+    if options.transform is not None:
+        calibration_data = transformed(calibration_data, options.transform, "calibration")
+        options = dataclasses.replace(options, eval_data=transformed(options.eval_data, options.transform,
+                                                                     "evaluation"))  # fmt: skip
+    parts: dict[str, QuantizedModel] = {}
+    parted = load_parts(folder)
+    for part in parted.parts:
+        evaluation = part.samples(options.eval_data, "evaluation", options.text_field)
+        given = dataclasses.replace(options, output=None, eval_data=evaluation)
+        calibration = part.samples(calibration_data, "calibration", options.text_field)
+        log.info("quantizing %s's %s", folder, part.name)
+        result = FLOWS[options.flow](part.model, calibration, given, time.perf_counter())
+        result.report = {"model_source": part.said, **result.report}
+        result.report["summary"] = summary(result.report)
+        parts[part.name] = result
+    report: dict[str, Any] = {"target": options.target, "parts": {n: p.report for n, p in parts.items()}}
+    data, what = (options.eval_data, "evaluation") if options.eval_data is not None else (calibration_data,
+                                                                                          "calibration")  # fmt: skip
+    models = {name: part.model for name, part in parts.items() if part.model is not None}
+    report["together"] = parted.check(models, data, what) if len(models) == len(parts) else {}
+    report["summary"] = parts_summary(report)
+    return QuantizedModel(None, report, parts=parts)
 
 
 def quantize_onnx(model: Any, calibration_data: Any, options: Options, started: float) -> QuantizedModel:
@@ -168,4 +215,5 @@ def quantize_weight_blocks(model: Any, calibration_data: Any, options: Options, 
     return quantize_encoder_blocks(model, calibration_data, options, started)
 
 
+PARTS_FLOWS = ("qdq", "blocks")  # the flows a model of parts goes through, each part on its own
 FLOWS = {"qdq": quantize_onnx, "tosa": quantize_onnx, "executorch": quantize_pt2e, "blocks": quantize_weight_blocks}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,8 +14,9 @@ from typing import Any
 from requant.calibration.images import IMAGE_PRESETS, ImageFolder, image_files
 from requant.cli.folder_out import folder_of, recipe, side_files
 from requant.cli.parser import write_all
-from requant.errors import RequantError
+from requant.errors import ArgumentError, RequantError
 from requant.frontends import check_outputs
+from requant.frontends.hf_parts import parts_of
 from requant.options import BLOCKS_PRESET, OPTIONS, Option, Options
 from requant.quantizers import DEFAULT_PRESET, LINEAR_DEFAULT_PRESET, PRESETS
 from requant.targets.registry import DEFAULT_TARGET
@@ -30,8 +32,8 @@ def register(commands: Any) -> None:
         "Flags override what the --config file says.",
     )
     sub.add_argument("input", metavar="IN", help="an ONNX model (.onnx, or ONNX text .onnxtxt), or a Hugging Face "
-                     "folder of a model transformers loads (an encoder, an image classifier: exported by torch); for "
-                     "--target "
+                     "folder of a model transformers loads (an encoder, an image classifier: exported by torch; "
+                     "Whisper and CLIP as two models, written into the -o folder); for --target "
                      "executorch-xnnpack, a PyTorch program saved by torch.export.save (.pt2); with --preset "
                      "INT4_BLOCKWISE_WEIGHTS, a language model: an onnxruntime-genai or Hugging Face folder, a "
                      ".gguf file or a causal LM's .onnx (docs/llm.md)")  # fmt: skip
@@ -134,10 +136,14 @@ def _into_folder(args: argparse.Namespace, given: dict[str, Any], settings: Any)
 
     decoder = settings.preset == BLOCKS_PRESET and is_decoder(args.input)  # its folder: onnxruntime-genai's
     folder = None if decoder else folder_of(str(given["output"]), given.get("target"))
+    parts = parts_of(args.input)
+    if parts and folder is None:
+        raise ArgumentError(f"'{args.input}' holds a model of parts ({', '.join(parts)}), each written as its own "
+                            f"file: give -o a folder, not '{given['output']}'")  # fmt: skip
     if folder is None:
         return None
     check_outputs({"-o": folder[0]}, {"the input model": args.input}, folders=("-o",))
-    given["output"] = str(folder[1])
+    given["output"] = str(folder[0] if parts else folder[1])  # a model of parts: a file each in the folder
     settings.report_json = settings.report_json or str(folder[0] / "report.json")
     settings.report_markdown = settings.report_markdown or str(folder[0] / "report.md")
     return folder[0]
@@ -196,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
          "--report-md": settings.report_markdown if there else None, "--report-html": settings.report_html},
         {"the input model": args.input, "the calibration data": settings.calib,
          "the evaluation data": given.get("eval_data"), "the config file": args.config},
-        folders=("-o",) if options.flow == "blocks" else (),  # a language model's output folder
+        folders=("-o",) if options.flow == "blocks" or parts_of(args.input) else (),  # an output folder
     )  # fmt: skip
     recipe_text = recipe(options, given, settings, args.config) if folder is not None else ""
     if options.eval_data is not None:
@@ -208,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     _write(result, output, texts, folder)
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     print(result.report["summary"])
-    for path in dict.fromkeys((output, *texts)):
+    written = [os.path.join(output, f"{name}.onnx") for name in result.parts] if result.parts else [output]
+    for path in dict.fromkeys((*written, *texts)):
         print(f"wrote {path}")
     poor = result.report.get("outputs", {}).get("poor")
     return 3 if options.strict and poor else 0  # as lint's --strict: written, but no good as it is

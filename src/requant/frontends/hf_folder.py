@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from requant.frontends.audio import audio_examples, audio_samples, feature_extra
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import Examples, forward_inputs, load_torch, quiet_torch
 
-__all__ = ["DEFAULT_FIELD", "MAX_TOKENS", "HfModel", "is_causal_folder", "is_hf_folder", "load_hf_folder", "text_rows"]
+__all__ = ["DEFAULT_FIELD", "EXAMPLE_TEXT", "MAX_TOKENS", "HfModel", "is_causal_folder", "is_hf_folder",
+           "load_hf_folder", "loaded", "text_rows"]  # fmt: skip
 
 log = logging.getLogger("requant")
 
@@ -236,18 +238,14 @@ def load_hf_folder(source: str | os.PathLike[str]) -> HfModel:
     return HfModel(exported.model.clone(), exported.said, exported.tokenizer, exported.extractor)
 
 
-def _export(folder: Path) -> HfModel:
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        raise LoadError(f"reading the Hugging Face folder '{folder}' needs torch and transformers: pip install "
-                        "'requant[torch]' transformers") from None  # fmt: skip
+def loaded(transformers: Any, folder: Path, load: Callable[[], Any]) -> Any:
+    """What ``load`` returns, with transformers' loading bars and what importing a model says silenced; what
+    transformers raises for a folder it cannot read as a LoadError."""
     bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # its loading bars
+    transformers.utils.logging.disable_progress_bar()  # its loading bars
     quiet = quiet_torch(IMPORT_NOISE)
     try:
-        module, task = _module(transformers, folder)
+        return load()
     except LoadError:
         raise
     except Exception as exc:  # transformers raises many kinds for a folder it cannot read
@@ -255,7 +253,17 @@ def _export(folder: Path) -> HfModel:
     finally:
         quiet.close()
         if bars:
-            transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _export(folder: Path) -> HfModel:
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise LoadError(f"reading the Hugging Face folder '{folder}' needs torch and transformers: pip install "
+                        "'requant[torch]' transformers") from None  # fmt: skip
+    module, task = loaded(transformers, folder, lambda: _module(transformers, folder))
     module = module.float().eval()
     examples, dynamic, tokenizer, extractor = _examples(module, folder, transformers)
     model = load_torch(module, examples, dynamic)

@@ -189,6 +189,8 @@ def load_torch(
     try:
         with warnings.catch_warnings():  # torch's own deprecation inside its exporter, said on every export
             warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)", FutureWarning)
+            # one Dim given to several inputs (a batch axis they share) is said to be "not used" for each
+            warnings.filterwarnings("ignore", r".*The axis name: .* will not be used", UserWarning)
             program = torch.onnx.export(
                 module,
                 args,

@@ -406,6 +406,20 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
     if not isinstance(report, Mapping) or "summary" not in report:
         raise HtmlReportError("not a requant report: it has no 'summary' (write one with --report-json)")
     body = [f"<h1>{html.escape(title)}</h1>", f"<pre>{html.escape(str(report['summary']))}</pre>"]
+    for name, part in report.get("parts", {}).items():  # a model of parts: each part's sections under its name
+        body += [f"<h1>{html.escape(name)}</h1>", *_body(part)]
+    if "parts" not in report:
+        body += _body(report)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+
+
+def _body(report: Mapping[str, Any]) -> list[str]:
+    body: list[str] = []
     for section in (
         _kernels,
         _tensors,
@@ -420,12 +434,7 @@ def to_html(report: Mapping[str, Any], title: str = "requant report") -> str:
         _decisions,
     ):
         body += section(report)
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return body
 
 
 def _tensor_chart(tensors: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:

@@ -340,7 +340,14 @@ def _weight_encoding(report: Mapping[str, Any]) -> list[str]:
 
 
 def to_markdown(report: Mapping[str, Any], title: str = "requant quantization report") -> str:
-    """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page."""
+    """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page; a model of parts' as each
+    part's page under its name."""
+    if "parts" in report:
+        lines = [f"# {title}", "", "```", str(report["summary"]).split("\n")[0], "```", ""]
+        for name, part in report["parts"].items():
+            page = to_markdown(part, f"{name}").splitlines()
+            lines += [f"#{line}" if line.startswith("#") else line for line in page] + [""]
+        return "\n".join(lines).rstrip("\n") + "\n"
     lines = [f"# {title}", ""]
     lines += _summary(report)
     for heading, header, rows in [*executorch_tables(report), *blocks_tables(report)]:  # executorch-xnnpack's, an LLM's

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from requant.errors import ArgumentError
+from requant.frontends.hf_folder import is_hf_folder, load_hf_folder
+from requant.frontends.hf_parts import load_parts, parts_of
 from requant.options import Options
 from requant.stages.annotate import prepare, preset_lines
 
@@ -32,6 +34,11 @@ def plan(source: Any, options: Options, given: str | None = None) -> dict[str, A
     if options.flow not in FLOWS_PLANNED:
         raise ArgumentError(f"--dry-run plans the ONNX targets' runs (onnxruntime-cpu, onnxruntime-cpu-vnni, "
                             f"tosa-int8); not the {options.flow} flow of {options.target}")  # fmt: skip
+    if parts_of(source):  # a model of parts: each part's plan
+        parts = {part.name: plan(part.model, options, given) for part in load_parts(source).parts}
+        return {"target": options.target, "parts": parts}
+    if is_hf_folder(source):  # exported as a run exports it
+        source = load_hf_folder(source).model
     prepared = prepare(source, options.quantizer, options.chosen_target, options.strict, None, None,
                        options.load_options)  # fmt: skip
     ops = {str(n.name): n.op_type for n in prepared.model.graph}
@@ -66,7 +73,12 @@ def _counted(counts: Mapping[str, int]) -> str:
 
 def plan_lines(report: Mapping[str, Any], limit: int = 12) -> list[str]:
     """The plan as ``--dry-run`` prints it: the target, the preset, the method, the nodes quantized and
-    kept float by op type, and the first ``limit`` float nodes with their reasons."""
+    kept float by op type, and the first ``limit`` float nodes with their reasons; a model of parts' each part's."""
+    if "parts" in report:
+        lines: list[str] = []
+        for name, part in report["parts"].items():
+            lines += [f"== {name}", *plan_lines(part, limit)[0 if not lines else 1 :]]
+        return lines
     section = report["plan"]
     quantized, floats = section["quantized"], section["float"]
     lines = ["dry run: nothing calibrated, nothing written", f"target: {report['target']}"]

@@ -27,7 +27,7 @@ from requant.stages import (
     transform,
 )
 
-__all__ = ["ALARMS", "SUMMARY", "headline", "summary"]
+__all__ = ["ALARMS", "SUMMARY", "headline", "parts_summary", "summary"]
 
 
 def headline(report: Mapping[str, Any]) -> list[str]:
@@ -116,4 +116,18 @@ SUMMARY: tuple[Lines, ...] = (
 
 def summary(report: Mapping[str, Any]) -> str:
     """The text printed at the end of ``requant quantize``, from a report (a run's, or a saved one)."""
+    if "parts" in report:
+        return parts_summary(report)
     return "\n".join(line for topic in SUMMARY for line in topic(report))
+
+
+def parts_summary(report: Mapping[str, Any]) -> str:
+    """A model of parts' summary (:func:`requant.pipeline.quantize_parts`): each part's, under its name."""
+    parts = report["parts"]
+    from requant.frontends.hf_parts import check_lines
+
+    lines = [f"a model of {len(parts)} parts ({', '.join(parts)}), each quantized as a model of its own"]
+    lines += check_lines(report.get("together", {}))
+    for name, part in parts.items():
+        lines += ["", f"== {name}", str(part["summary"])]
+    return "\n".join(lines)
