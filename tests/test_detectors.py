@@ -51,7 +51,8 @@ def test_a_head_joining_pixels_and_probabilities_keeps_its_detections(detector: 
     assert kept >= 0.95 and shift < 1.0  # measured: 818 of 819, 0.41 px
     assert "joins of ranges that cannot share one int8 type: 1" in result.report["summary"]
     assert "QLinearConcat" not in result.report["lint"]["int8_kernels"]  # the ops before it stay int8
-    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 5
+    # the stem float (its 2 convolutions, reading maps 64 and 32 pixels wide), and the third, which reads its result
+    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 2
     assert not result.report["outputs"]["poor"]
 
 
@@ -79,7 +80,7 @@ def test_a_dfl_head_and_a_head_sliced_into_two_outputs_keep_their_detections(var
     assert not result.report["outputs"]["poor"]
     if variant == "dfl":  # the decode (its Softmax, the weights by bin, the box logits' Conv) float: the table's rule
         assert "QLinearSoftmax" not in result.report["lint"]["int8_kernels"]
-        assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 4  # the backbone's 3 and the classes'
+        assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 1  # the classes' (the backbone's 3 float: the stem)
         kept_float = {n.name: n.metadata_props.get(KEPT_FLOAT_KEY, "") for n in result.model.graph}
         decode = [name for name, why in kept_float.items() if why.startswith("an expectation over bins")]
         assert len(decode) == 3, kept_float
@@ -199,6 +200,8 @@ def test_auto_calibrates_a_detector_with_its_fine_maps_clipped_at_99_99(detector
     choice = result.report["method_choice"]
     assert choice["chosen"] == "stem_percentile" and choice["held_out"] == 0  # calibrated on every sample
     assert choice["why"].startswith("output 'y' holds boxes and 3 class scores: a detector; maps at a quarter")
+    assert choice["stem_float"] == ["node", "node_1", "node_2", "node_3"]  # conv 64 -> 32 wide, Relu, 32 -> 16, Relu
+    assert "its stem float: 4 ops, node, node_1, ..." in result.report["summary"]
     assert not result.report["outputs"]["held_out"] and result.report["outputs"]["samples"] == 32
     types = {}
     for method in ("percentile", "stem_percentile", "minmax"):

@@ -65,7 +65,10 @@ def _summary(report: Mapping[str, Any]) -> list[str]:
 def method_summary(choice: Mapping[str, Any]) -> str:
     """What ``method="auto"`` chose and why, in one line (the report's ``method_choice``)."""
     if choice.get("why"):
-        return f"auto -> {choice['chosen']} ({choice['why']})"
+        stem = choice.get("stem_float") or []
+        more = ", ..." if len(stem) > 2 else ""
+        kept = f"; its stem float: {len(stem)} ops, {', '.join(stem[:2])}{more}" if stem else ""
+        return f"auto -> {choice['chosen']} ({choice['why']}{kept})"
     scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
     which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"
     corrected = f", biases corrected on {choice['sketch_samples']}" if choice.get("biases_corrected") else ""

@@ -11,10 +11,11 @@ where it brings the output closer to float on the held-out samples (:func:`unles
 
 A detector (the float model's outputs on the first ``DETECTOR_SAMPLES`` hold boxes and class scores, as
 :func:`requant.report.detections.heads` reads them) is not compared: its output's SQNR is not what its users
-count. It is calibrated with ``stem_percentile`` on every sample (docs/calibration.md, "A detector").
+count. It is calibrated with ``stem_percentile`` on every sample, its stem float (:mod:`requant.targets.stem`,
+in the run's quantizer from then on: docs/calibration.md, "A detector").
 
 Reads: the flow (samples, options, statistics). Adds: the run of the chosen method. Records:
-``method_choice`` (every candidate's SQNR, how many samples were held out, why).
+``method_choice`` (every candidate's SQNR, how many samples were held out, why; a detector's ``stem_float``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ from requant.calibration.calibrate import STEM_METHOD, STEM_PERCENTILE, calibrat
 from requant.calibration.data import samples_for
 from requant.calibration.runner import terminal_progress
 from requant.encoding.weight_encoding import EncodingMemo
+from requant.quantizers.quantizer import FLOAT
 from requant.report.agreement import Reference, agreement
 from requant.report.detections import heads
 from requant.report.latency import session
 from requant.report.markdown import method_summary
 from requant.runtime import in_stage
+from requant.stages.annotate import Prepared
 from requant.stages.convert import SKETCH_SAMPLES, Converted, Staged, finish, sketch, stage
 from requant.stages.run import Flow, Run
+from requant.targets.stem import stem_ops
 
 __all__ = ["AUTO_METHODS", "CHOICE_SAMPLES", "DECISIVE_DB", "DETECTOR_SAMPLES", "choose_method", "detector", "lines"]
 
@@ -85,9 +89,7 @@ def choose_method(flow: Flow) -> tuple[Run, dict[str, Any]]:
     assert float_proto is not None
     found = detector(float_proto, flow.samples.head(prepared.model, DETECTOR_SAMPLES))
     if found:  # no comparison: the output's SQNR is not what a detector's users count (docs/calibration.md)
-        flow.method = STEM_METHOD  # calibrated on every sample (ABD-model on 56 of 64: recall 0.86 -> 0.81)
-        run = flow.run(options.quantizer, STEM_METHOD, prepared=prepared)
-        return run, {"chosen": STEM_METHOD, "why": f"{found}: {STEM_WHY}", "samples": 0, "held_out": 0}
+        return _detector_run(flow, prepared, found)
     copies = [prepared.model.clone() for _ in AUTO_METHODS[1:]] + [prepared.model]  # each calibrated in place
     chosen: dict[str, list[Any]] = {}
     staged: dict[str, Staged] = {}
@@ -113,6 +115,22 @@ def choose_method(flow: Flow) -> tuple[Run, dict[str, Any]]:
     flow.correcting = options.bias_correction and choice.get("bias_correction_kept") is not False
     log.info("method auto: %s (output SQNR %s)", method, choice["output_sqnr_db"])
     return Run(prepared.report, float_proto, float_size, chosen[method], converted, prepared.evened), choice
+
+
+def _detector_run(flow: Flow, prepared: Prepared, found: str) -> tuple[Run, dict[str, Any]]:
+    """A detector's run: calibrated with ``stem_percentile`` on every sample (ABD-model on 56 of 64: recall 0.86 ->
+    0.81), its stem float (:mod:`requant.targets.stem`: kept float in every later run too)."""
+    flow.method = STEM_METHOD
+    stem = stem_ops(prepared.model)
+    choice = {"chosen": STEM_METHOD, "why": f"{found}: {STEM_WHY}", "samples": 0, "held_out": 0, "stem_float": stem}
+    if not stem:
+        return flow.run(flow.options.quantizer, STEM_METHOD, prepared=prepared), choice
+    # float whole (outputs too), in this run's quantizer and so in every later run's: placement then prices the
+    # activations after the stem as reading float (the stem's output requested int8 had left them int8: ABD-model's
+    # recall 0.875 -> 0.810 on the bench's crops)
+    quantizer = flow.options.quantizer.with_float_nodes(stem, FLOAT)
+    flow.options = dataclasses.replace(flow.options, quantizer=quantizer)
+    return flow.run(quantizer, STEM_METHOD), choice
 
 
 _Compared = tuple[str, dict[str, Any], "Comparison | None", onnx.ModelProto | None, Any]
