@@ -139,10 +139,9 @@ def exporters(python: Path, work: Path) -> None:
 
 def loaders(python: Path, work: Path) -> None:
     """Parts 2 and 3: Optimum's loaders on requant's folders out."""
-    import torch
-    import transformers
     from bench.bench_quantize import sentences
     from tests.models.minilm import model_dir
+    from tests.models.whisper import save_whisper
     from tests.test_hf_audio import _clips
 
     from requant.cli import main
@@ -150,15 +149,7 @@ def loaders(python: Path, work: Path) -> None:
     (work / "calib.txt").write_text("\n".join(sentences(64)))
     assert main(["quantize", str(model_dir()), "-o", str(work / "minilm_int8"), "--calib", str(work / "calib.txt"),
                  "--no-measure"]) == 0  # fmt: skip
-    torch.manual_seed(0)
-    config = transformers.WhisperConfig(
-        vocab_size=120, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=1500,
-        max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        architectures=["WhisperForConditionalGeneration"],
-    )  # fmt: skip
-    transformers.WhisperForConditionalGeneration(config).save_pretrained(work / "whisper")
-    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(work / "whisper")
+    save_whisper(work / "whisper")
     _clips(work / "clips", 8, 1)
     _clips(work / "held_out", 4, 2)
     assert main(["quantize", str(work / "whisper"), "-o", str(work / "whisper_int8"), "--calib", str(work / "clips"),

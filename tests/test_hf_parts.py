@@ -20,6 +20,7 @@ from requant.errors import RequantError
 from requant.frontends import LoadError
 from requant.frontends.audio import read_wav
 from requant.frontends.hf_parts import DECODE_TOKENS
+from tests.models.whisper import save_whisper
 from tests.test_hf_audio import _clips
 
 torch = pytest.importorskip("torch")
@@ -31,17 +32,7 @@ Image = pytest.importorskip("PIL.Image")
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Whisper (2 + 2 layers of 64, 120 tokens, seeded) with its feature extractor's settings, saved."""
-    torch.manual_seed(0)
-    config = transformers.WhisperConfig(
-        vocab_size=120, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=1500,
-        max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        architectures=["WhisperForConditionalGeneration"],
-    )  # fmt: skip
-    folder = tmp_path_factory.mktemp("whisper")
-    transformers.WhisperForConditionalGeneration(config).save_pretrained(folder)
-    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
-    return folder
+    return save_whisper(tmp_path_factory.mktemp("whisper"))
 
 
 def _greedy(encoder: ort.InferenceSession, decoder: ort.InferenceSession, features: np.ndarray) -> list[int]:
@@ -175,8 +166,8 @@ def test_a_model_of_parts_takes_data_by_part_name_and_is_refused_as_one_file_wit
     clip: Path, tmp_path: Path
 ) -> None:
     """A dict by part name gives each part its own data (token arrays for the text part here); a part it leaves out
-    is an error naming it; ``-o x.onnx`` is refused before any work, by the API and the CLI; --dry-run plans each
-    part."""
+    is an error naming it, and so is text for a folder without a tokenizer's files; ``-o x.onnx`` is refused before
+    any work, by the API and the CLI; --dry-run plans each part."""
     rng = np.random.default_rng(0)
     tokens = [{"input_ids": np.concatenate([[[62]], rng.integers(0, 62, (1, 6)), [[63]]], 1).astype(np.int64),
                "attention_mask": np.ones((1, 8), np.int64)} for _ in range(8)]  # fmt: skip
@@ -184,6 +175,12 @@ def test_a_model_of_parts_takes_data_by_part_name_and_is_refused_as_one_file_wit
     assert result.parts is not None and result.report["together"] == {}  # no captions and images together
     with pytest.raises(LoadError, match="names parts \\(text_model\\) but not 'vision_model'"):
         requant.quantize(clip, {"text_model": tokens}, measure=False)
+    bare = tmp_path.parent / f"{tmp_path.name}_bare"  # no tokenizer files: transformers would still make a tokenizer
+    bare.mkdir()  # (of a vocabulary of 2, from the config alone), which would turn every caption into unknown tokens
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json"):
+        (bare / name).write_bytes((clip / name).read_bytes())
+    with pytest.raises(LoadError, match="the calibration text cannot be read: '.*' has no tokenizer"):
+        requant.quantize(bare, clip.parent / "calib", measure=False)
     with pytest.raises(RequantError, match="give a folder as the output"):
         requant.quantize(clip, clip.parent / "calib", output=tmp_path / "x.onnx")
     printed = io.StringIO()

@@ -32,8 +32,18 @@ from requant.frontends.audio import audio_examples, audio_samples, feature_extra
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import Examples, forward_inputs, load_torch, quiet_torch
 
-__all__ = ["DEFAULT_FIELD", "EXAMPLE_TEXT", "MAX_TOKENS", "HfModel", "is_causal_folder", "is_hf_folder",
-           "load_hf_folder", "loaded", "text_rows"]  # fmt: skip
+__all__ = [
+    "DEFAULT_FIELD",
+    "EXAMPLE_TEXT",
+    "MAX_TOKENS",
+    "HfModel",
+    "folder_tokenizer",
+    "is_causal_folder",
+    "is_hf_folder",
+    "load_hf_folder",
+    "loaded",
+    "text_rows",
+]  # fmt: skip
 
 log = logging.getLogger("requant")
 
@@ -45,6 +55,9 @@ IMPORT_NOISE = ("torchao", "torch.utils._pytree")
 MAX_TOKENS = 128  # a calibration row's tokens at most (truncated)
 DEFAULT_FIELD = "text"  # the column (or JSON field) of a dataset's rows that holds the text
 SAVED_DATASET = ("dataset_info.json", "state.json", "dataset_dict.json")  # what datasets' save_to_disk writes
+# a tokenizer's own files (one of them): a folder without any has no tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")  # fmt: skip
 EXAMPLE_TEXT = ["A sentence to export the model with.", "Another, longer sentence to export the encoder with."]
 
 
@@ -175,8 +188,12 @@ def _module(transformers: Any, folder: Path) -> tuple[Any, str]:
     return named.from_pretrained(folder), architecture + (", feature extraction" if headless else "")
 
 
-def _tokenizer(transformers: Any, folder: Path) -> Any:
-    """The folder's tokenizer, or None (no tokenizer files, or none transformers reads)."""
+def folder_tokenizer(transformers: Any, folder: Path) -> Any:
+    """The folder's tokenizer, or None (no tokenizer files, or none transformers reads). Without the files
+    transformers 5.23 still makes one from the config alone, with a vocabulary of 2: every text would become unknown
+    tokens."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return transformers.AutoTokenizer.from_pretrained(folder)
     except Exception:  # transformers raises many kinds for files it cannot read
@@ -190,7 +207,7 @@ def _examples(module: Any, folder: Path, transformers: Any) -> tuple[Examples, d
     import torch
 
     positional, _ = forward_inputs(module)
-    tokenizer = _tokenizer(transformers, folder) if "input_ids" in positional else None
+    tokenizer = folder_tokenizer(transformers, folder) if "input_ids" in positional else None
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=512)
     if tokenizer is not None:
         try:

@@ -33,7 +33,15 @@ import numpy as np
 import onnx_ir as ir
 
 from requant.frontends.audio import audio_examples, audio_samples, feature_extractor
-from requant.frontends.hf_folder import DEFAULT_FIELD, EXAMPLE_TEXT, MAX_TOKENS, is_hf_folder, loaded, text_rows
+from requant.frontends.hf_folder import (
+    DEFAULT_FIELD,
+    EXAMPLE_TEXT,
+    MAX_TOKENS,
+    folder_tokenizer,
+    is_hf_folder,
+    loaded,
+    text_rows,
+)
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.torch_loader import load_torch
 
@@ -276,11 +284,18 @@ def _clip_modules(whole: Any) -> tuple[Any, Any]:
     return Text().eval(), Vision().eval()
 
 
-def _loaded(load: Callable[[], Any]) -> Any:
+def _processor(transformers: Any, folder: Path) -> Any:
+    """The folder's image processor, or None; quietly (without torchvision, which the registry's builds do not give
+    beside torch 2.13, transformers 5.23 says on each load that it falls back to its PIL processor)."""
+    logging = transformers.utils.logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
     try:
-        return load()
+        return transformers.AutoImageProcessor.from_pretrained(folder)
     except Exception:  # transformers raises many kinds for files it cannot read (or that are not there)
         return None
+    finally:
+        logging.set_verbosity(level)
 
 
 def _clip_exports(text: Any, vision: Any, tokenizer: Any, config: Any) -> tuple[ir.Model, ir.Model]:
@@ -310,8 +325,8 @@ def _clip(whole: Any, folder: Path, transformers: Any) -> Parted:
     import torch
 
     text, vision = _clip_modules(whole)
-    tokenizer = _loaded(lambda: transformers.AutoTokenizer.from_pretrained(folder))
-    processor = _loaded(lambda: transformers.AutoImageProcessor.from_pretrained(folder))
+    tokenizer = folder_tokenizer(transformers, folder)
+    processor = _processor(transformers, folder)
     config = whole.config
     text_model, vision_model = _clip_exports(text, vision, tokenizer, config)
     size = config.vision_config.image_size
