@@ -222,6 +222,14 @@ def _image_folder(tmp: Path) -> str:
     return "pictures"
 
 
+def _hf_folder(tmp: Path) -> bool:
+    """A folder with a Hugging Face config and weights' file (not read: the commands stop at the folder)."""
+    (tmp / "hf").mkdir(exist_ok=True)
+    (tmp / "hf" / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (tmp / "hf" / "model.safetensors").write_bytes(b"")
+    return True
+
+
 def _empty_folder(tmp: Path) -> str:
     (tmp / "nothing").mkdir(exist_ok=True)
     return "nothing"
@@ -468,6 +476,8 @@ def other_command_cases() -> list[Case]:
         Case("opt", "output in a missing folder", "the folder '{tmp}/no' does not exist",
              lambda t: ["opt", model.format(tmp=t), "-p", "canonicalize", "-o", str(t / "no" / "o.onnx")]),
         Case("lint", "missing", "no model file at '{tmp}/missing.onnx'", lambda t: ["lint", str(t / "missing.onnx")]),
+        Case("lint", "a Hugging Face folder", "no model file at '{tmp}/hf': it is a Hugging Face folder, which requant "
+             "quantize exports", lambda t: _hf_folder(t) and ["lint", str(t / "hf")]),
         Case("compare", "missing data", "no comparison data at '{tmp}/missing.npz'",
              lambda t: ["compare", model.format(tmp=t), model.format(tmp=t), "--data", str(t / "missing.npz")]),
         Case("compare", "nothing in common", "the quantized model quantizes no tensor the float model computes",

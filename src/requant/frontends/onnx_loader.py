@@ -97,6 +97,10 @@ def load_onnx(source: str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Mode
     if not isinstance(source, (str, os.PathLike)):
         raise LoadError(f"cannot load a {type(source).__name__}: give a path, bytes, an onnx.ModelProto or ir.Model")
     path = Path(source)
+    if path.is_dir() and (path / "config.json").is_file():
+        raise LoadError(f"no model file at {what}: it is a Hugging Face folder, which requant quantize exports; "
+                        "this reads an ONNX file (quantize the folder with -o DIR, then give the .onnx it writes "
+                        "there)")  # fmt: skip
     if not path.is_file():
         raise LoadError(f"no model file at {what}")
     if path.suffix in TEXT_SUFFIXES:
