@@ -21,7 +21,6 @@ import onnx_ir as ir
 
 from requant.backends.tosa import TosaProgram
 from requant.backends.tosa.mlir import to_mlir
-from requant.calibration.data import transformed
 from requant.calibration.samples import KEEP_SAMPLES, Samples
 from requant.errors import ArgumentError, RequantError
 from requant.frontends.hf_parts import load_parts, parts_of
@@ -34,7 +33,7 @@ from requant.stages.blocks import quantize_blocks
 from requant.stages.budget import keep_float_below, within_budget
 from requant.stages.check import check
 from requant.stages.choose import choose_method
-from requant.stages.load import front_door
+from requant.stages.load import front_door, transformed_data
 from requant.stages.lower import lower
 from requant.stages.outputs import check_outputs
 from requant.stages.report import parts_summary, summary
@@ -120,10 +119,7 @@ def quantize_parts(folder: Any, calibration_data: Any, options: Options) -> Quan
     if options.flow not in PARTS_FLOWS:
         raise ArgumentError(f"'{folder}' holds a model of parts: it is quantized for ONNX Runtime (the onnxruntime-cpu "
                             f"targets, or --preset INT4_BLOCKWISE_WEIGHTS), not {options.target}")  # fmt: skip
-    if options.transform is not None:
-        calibration_data = transformed(calibration_data, options.transform, "calibration")
-        options = dataclasses.replace(options, eval_data=transformed(options.eval_data, options.transform,
-                                                                     "evaluation"))  # fmt: skip
+    calibration_data, options = transformed_data(calibration_data, options)
     parts: dict[str, QuantizedModel] = {}
     parted = load_parts(folder)
     for part in parted.parts:

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from requant.frontends.onnx_loader import LoadError
+from requant.frontends.paths import named_files
 
 __all__ = ["EXAMPLE_SECONDS", "MAX_SECONDS", "audio_examples", "audio_samples", "feature_extractor", "read_wav"]
 
@@ -102,21 +103,6 @@ def read_wav(path: Path, rate: int) -> npt.NDArray[np.float32]:
     return sound
 
 
-def _wav_files(data: Any) -> list[Path] | None:
-    """The ``.wav`` files ``data`` names, or None when it names none (not sound: left to the other readers)."""
-    if isinstance(data, list | tuple) and data and all(isinstance(p, str | os.PathLike) for p in data):
-        paths = [Path(p) for p in data]
-        return paths if all(p.suffix.lower() == ".wav" for p in paths) else None
-    if not isinstance(data, str | os.PathLike):
-        return None
-    path = Path(data)
-    if path.suffix.lower() == ".wav":
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix.lower() == ".wav") or None
-    return None
-
-
 def _typed(given: Any) -> npt.NDArray[Any]:
     """Features as float32, masks as int64 (as the exported model's inputs are typed)."""
     array: npt.NDArray[Any] = np.asarray(given)
@@ -126,7 +112,7 @@ def _typed(given: Any) -> npt.NDArray[Any]:
 def audio_samples(extractor: Any, data: Any, inputs: set[str], what: str) -> list[dict[str, Any]] | None:
     """``data`` as samples of the model's ``inputs`` (a clip each, through the extractor), or None when it is
     not sound files."""
-    files = _wav_files(data)
+    files = named_files(data, (".wav",))
     if files is None:
         if isinstance(data, str | os.PathLike) and Path(data).is_dir():
             raise LoadError(f"the {what} folder '{data}' holds no .wav files (an audio model's data: .wav files, "

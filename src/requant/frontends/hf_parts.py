@@ -22,6 +22,7 @@ tokenizer, its vision part image files through the folder's image processor: a f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from requant.frontends.hf_folder import (
     text_rows,
 )
 from requant.frontends.onnx_loader import LoadError
+from requant.frontends.paths import named_files
 from requant.frontends.torch_loader import load_torch
 
 __all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "Part", "Parted", "check_lines", "load_parts",
@@ -219,11 +221,16 @@ def _whisper(whole: Any, folder: Path, transformers: Any) -> Parted:
         sound = audio_samples(extractor, data, {"input_features"}, what)
         return data if sound is None else sound
 
+    done: dict[bytes, tuple[Any, Any]] = {}  # by the features' digest: the decoder's samples and the check share clips
+
     def transcribed(features: Any) -> tuple[Any, Any]:  # the float model's encoder output and greedy tokens
-        with torch.no_grad():
-            hidden = encoder(torch.from_numpy(features))
-            ids = _greedy(lambda ids: decoder(torch.from_numpy(ids), hidden)[:, -1].numpy(), config)
-        return hidden.numpy(), ids
+        key = hashlib.sha256(np.ascontiguousarray(features).tobytes()).digest()
+        if key not in done:
+            with torch.no_grad():
+                hidden = encoder(torch.from_numpy(features))
+                ids = _greedy(lambda ids: decoder(torch.from_numpy(ids), hidden)[:, -1].numpy(), config)
+            done[key] = (hidden.numpy(), ids)
+        return done[key]
 
     def decoded(data: Any, what: str, field: str) -> Any:
         sound = audio_samples(extractor, data, {"input_features"}, what)
@@ -345,7 +352,9 @@ def _clip(whole: Any, folder: Path, transformers: Any) -> Parted:
                  if k in ("input_ids", "attention_mask")} for row in rows]  # fmt: skip
 
     def pictures(data: Any, what: str, field: str) -> Any:
-        files = _image_files(data)
+        from requant.calibration.images import IMAGE_SUFFIXES
+
+        files = named_files(data, IMAGE_SUFFIXES)
         if files is None:
             return data
         if processor is None:
@@ -387,21 +396,6 @@ def _best(images: list[Any], texts: list[Any]) -> Any:
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     b = b / np.linalg.norm(b, axis=1, keepdims=True)
     return np.argmax(a @ b.T, axis=1)
-
-
-def _image_files(data: Any) -> list[Path] | None:
-    """The image files ``data`` names (a file, a folder's, a list of paths), or None when it names none."""
-    from requant.calibration.images import IMAGE_SUFFIXES, image_files
-
-    if isinstance(data, list | tuple) and data and all(isinstance(p, str | os.PathLike) for p in data):
-        paths = [Path(p) for p in data]
-        return paths if all(p.suffix.lower() in IMAGE_SUFFIXES for p in paths) else None
-    if not isinstance(data, str | os.PathLike):
-        return None
-    path = Path(data)
-    if path.suffix.lower() in IMAGE_SUFFIXES:
-        return [path]
-    return (image_files(path) or None) if path.is_dir() else None
 
 
 PART_NAMES = {"WhisperForConditionalGeneration": ("encoder_model", "decoder_model"),

@@ -1,6 +1,7 @@
 """Where outputs may go: never onto an input, never twice onto one file, never into a missing folder.
 
-Checked before any work starts, so a refused run writes nothing and leaves every input as it was.
+Checked before any work starts, so a refused run writes nothing and leaves every input as it was. Also which files
+of a kind data names (:func:`named_files`: sound files, images).
 """
 
 from __future__ import annotations
@@ -11,9 +12,25 @@ from pathlib import Path
 
 from requant.frontends.onnx_loader import SaveError
 
-__all__ = ["check_outputs"]
+__all__ = ["check_outputs", "named_files"]
 
 PathLike = str | os.PathLike[str]
+
+
+def named_files(data: object, suffixes: Collection[str]) -> list[Path] | None:
+    """The files with one of ``suffixes`` (lower case) that ``data`` names: a list of their paths, one file, or a
+    folder's (sorted by name); None when it names none (data of another kind: left to the other readers)."""
+    if isinstance(data, list | tuple) and data and all(isinstance(p, str | os.PathLike) for p in data):
+        paths = [Path(p) for p in data]
+        return paths if all(p.suffix.lower() in suffixes for p in paths) else None
+    if not isinstance(data, str | os.PathLike):
+        return None
+    path = Path(data)
+    if path.suffix.lower() in suffixes:
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix.lower() in suffixes) or None
+    return None
 
 
 def _same(a: Path, b: Path) -> bool:

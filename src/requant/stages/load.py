@@ -32,7 +32,7 @@ from requant.passes._rewrite import with_opset
 from requant.passes.compute_in_float32 import HALF
 from requant.targets.registry import Target
 
-__all__ = ["Loaded", "examples_from_data", "front_door", "load_model"]
+__all__ = ["Loaded", "examples_from_data", "front_door", "load_model", "transformed_data"]
 
 log = logging.getLogger("requant")
 
@@ -53,10 +53,7 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
     (:mod:`requant.frontends.hf_folder`); a PyTorch module's example inputs from the first calibration
     sample when not given. The model, the data, the options, and the report's entries on what was done."""
     said: dict[str, str] = {}
-    if options.transform is not None:
-        calibration = transformed(calibration, options.transform, "calibration")
-        evaluation = transformed(options.eval_data, options.transform, "evaluation")
-        options = dataclasses.replace(options, eval_data=evaluation)
+    calibration, options = transformed_data(calibration, options)
     if is_hf_folder(model) and not (options.flow == "blocks" and is_causal_folder(model)):  # (a decoder: its flow)
         exported = load_hf_folder(model)
         model, said["model_source"] = exported.model, exported.said
@@ -69,6 +66,16 @@ def front_door(model: Any, calibration: Any, options: Options) -> tuple[Any, Any
         options, said["example_inputs"] = dataclasses.replace(options, example_inputs=examples,
                                                               dynamic_shapes=dynamic), examples.said  # fmt: skip
     return model, calibration, options, said
+
+
+def transformed_data(calibration: Any, options: Options) -> tuple[Any, Options]:
+    """The calibration data and the options' evaluation data through ``transform`` (NNCF's ``transform_fn``),
+    when one is given."""
+    if options.transform is None:
+        return calibration, options
+    calibration = transformed(calibration, options.transform, "calibration")
+    evaluation = transformed(options.eval_data, options.transform, "evaluation")
+    return calibration, dataclasses.replace(options, eval_data=evaluation)
 
 
 def examples_from_data(module: Any, samples: Samples) -> tuple[Any, dict[str, Any]]:
