@@ -11,15 +11,18 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
 import requant
 from requant.cli import main
+from requant.cli.quantize_cmd import _poor
 from requant.errors import RequantError
 from requant.frontends import LoadError
 from requant.frontends.audio import read_wav
-from requant.frontends.hf_parts import DECODE_TOKENS
+from requant.frontends.hf_parts import DECODE_TOKENS, edits, load_parts
+from requant.stages.report import parts_summary
 from tests.models.whisper import save_whisper
 from tests.test_hf_audio import _clips
 
@@ -66,6 +69,7 @@ def test_a_whisper_folder_and_wav_files_give_an_encoder_and_a_decoder_that_trans
     assert "greedy tokens" in report["parts"]["decoder_model"]["model_source"]
     together = report["together"]
     assert together["check"] == "greedy transcripts" and together["samples"] == 4 and together["identical"] >= 3
+    assert together["token_error_rate"] < 0.2 and not together["poor"]  # measured: 0.0
     assert "greedy transcripts (evaluation data, 4 clips" in printed.getvalue()
 
     def session(path: Path) -> ort.InferenceSession:
@@ -141,7 +145,7 @@ def test_a_clip_folder_and_a_folder_of_images_and_captions_give_two_towers_that_
     assert result.model is None and result.parts is not None and list(result.parts) == ["text_model", "vision_model"]
     together = result.report["together"]
     assert together == {"check": "zero-shot matches", "data": "evaluation", "samples": 6, "captions": 6,
-                        "identical": 6}  # fmt: skip
+                        "identical": 6, "poor": False}  # fmt: skip
     for name in ("text_model", "vision_model"):
         part = result.report["parts"][name]
         assert part["evaluation"]["cosine_similarity"] > 0.99 and "feature extraction" in part["model_source"]
@@ -190,3 +194,24 @@ def test_a_model_of_parts_takes_data_by_part_name_and_is_refused_as_one_file_wit
     assert list(tmp_path.iterdir()) == []
     plan = printed.getvalue()
     assert "== text_model" in plan and "== vision_model" in plan and plan.count("would quantize:") == 2
+
+
+def test_the_parts_together_are_an_alarm_when_a_tower_matches_other_captions_than_float(clip: Path) -> None:
+    """The check of the parts together on the float towers finds every best caption float's, no alarm; with the
+    vision tower's projection redrawn (a tower that computes other embeddings), most images match another caption:
+    the summary's first line is NOT USABLE AS IS, and --strict's exit code says so. Token edits, as the Whisper
+    check counts changed tokens."""
+    parted = load_parts(clip)
+    models = {part.name: part.model for part in parted.parts}
+    same = parted.check(models, clip.parent / "eval", "evaluation")
+    assert same["identical"] == same["samples"] == 6 and not same["poor"]
+    other = models["vision_model"].clone()
+    projection = other.graph.initializers["visual_projection.weight"]  # [16, 32], a Gemm's (transB)
+    projection.const_value = ir.tensor(np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32))
+    moved = parted.check({**models, "vision_model": other}, clip.parent / "eval", "evaluation")
+    assert moved["identical"] < 0.8 * 6 and moved["poor"]
+    report = {"parts": {"text_model": {"summary": "t"}, "vision_model": {"summary": "v"}}, "together": moved}
+    assert parts_summary(report).startswith("NOT USABLE AS IS: the parts together, zero-shot matches")
+    assert _poor(report) and not _poor({**report, "together": same})
+    assert parts_summary({**report, "together": same}).startswith("a model of 2 parts")
+    assert edits([1, 2, 3, 4], [1, 3, 4, 5]) == 2 and edits([], [7]) == 1 and edits([5, 6], [5, 6]) == 0

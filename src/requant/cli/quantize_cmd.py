@@ -217,5 +217,12 @@ def run(args: argparse.Namespace) -> int:
     written = [os.path.join(output, f"{name}.onnx") for name in result.parts] if result.parts else [output]
     for path in dict.fromkeys((*written, *texts)):
         print(f"wrote {path}")
-    poor = result.report.get("outputs", {}).get("poor")
-    return 3 if options.strict and poor else 0  # as lint's --strict: written, but no good as it is
+    return 3 if options.strict and _poor(result.report) else 0  # as lint's --strict: written, but no good as it is
+
+
+def _poor(report: dict[str, Any]) -> bool:
+    """Whether the summary says NOT USABLE AS IS: an output far from float, or a model of parts' parts together or
+    one of them."""
+    parts = report.get("parts", {}).values()
+    return bool(report.get("outputs", {}).get("poor") or report.get("together", {}).get("poor")
+                or any(_poor(part) for part in parts))  # fmt: skip

@@ -47,11 +47,15 @@ from requant.frontends.onnx_loader import LoadError
 from requant.frontends.paths import named_files
 from requant.frontends.torch_loader import load_torch
 
-__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "Part", "Parted", "check_lines", "load_parts",
-           "parts_of"]  # fmt: skip
+__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "POOR_SHARE", "Part", "Parted", "check_lines",
+           "edits", "load_parts", "parts_of"]  # fmt: skip
 
 DECODE_TOKENS = 32  # a Whisper decoder's calibration sequence: the start token and at most this many more
 CHECK_SAMPLES = 16  # the check of the parts together runs at most this many clips, images and captions
+# the parts together are poor (the summary's NOT USABLE AS IS) when the int8 Whisper's transcripts change more than
+# one token in five of float's (edits over float's tokens), or the int8 CLIP's best caption is float's for fewer
+# than four images in five: as a detector's recall (requant.report.detections.POOR_SHARE)
+POOR_SHARE = 0.8
 
 Samples = Callable[[Any, str, str], Any]  # (data, "calibration" or "evaluation", text field) -> the part's samples
 
@@ -184,6 +188,16 @@ def _transcribed(encoding: Any, decoding: Any, sample: Mapping[str, Any], config
     return tokens
 
 
+def edits(floats: list[int], ints: list[int]) -> int:
+    """The fewest tokens inserted, deleted or replaced that turn ``floats`` into ``ints`` (Levenshtein)."""
+    row = list(range(len(ints) + 1))
+    for i, a in enumerate(floats, 1):
+        previous, row[0] = row[0], i
+        for j, b in enumerate(ints, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (a != b))
+    return row[-1]
+
+
 def _kept(floats: list[int], ints: list[int]) -> float:
     """The share of float's tokens the int8 model's give, up to their first difference."""
     same = next((i for i, (a, b) in enumerate(zip(floats, ints, strict=False)) if a != b), min(len(floats), len(ints)))
@@ -247,14 +261,17 @@ def _whisper(whole: Any, folder: Path, transformers: Any) -> Parted:
         if not sound:
             return {}
         encoding, decoding = _session(models["encoder_model"]), _session(models["decoder_model"])
-        identical, kept, tokens = 0, [], 0
+        identical, kept, tokens, changed, total = 0, [], 0, 0, 0
         for sample in sound[:CHECK_SAMPLES]:
             floats = transcribed(sample["input_features"])[1][0].tolist()
             ints = _transcribed(encoding, decoding, sample, config)
             identical, tokens = identical + (floats == ints), max(tokens, len(floats))
             kept.append(_kept(floats, ints))
+            changed, total = changed + edits(floats, ints), total + len(floats)
+        rate = changed / max(total, 1)
         return {"check": "greedy transcripts", "data": what, "samples": len(kept), "identical": identical,
-                "tokens_kept": round(float(np.mean(kept)), 4), "max_tokens": tokens}  # fmt: skip
+                "tokens_kept": round(float(np.mean(kept)), 4), "max_tokens": tokens,
+                "token_error_rate": round(rate, 4), "poor": rate > 1 - POOR_SHARE}  # fmt: skip
 
     architecture, rate = type(whole).__name__, extractor.sampling_rate
     encoder_said = _said(folder, architecture, "encoder, feature extraction", "input_features")
@@ -377,8 +394,9 @@ def _clip(whole: Any, folder: Path, transformers: Any) -> Parted:
         q_text = [reading.run(None, t)[0] for t in texts]
         q_image = [seeing.run(None, i)[0] for i in images]
         f_best, q_best = _best(f_image, f_text), _best(q_image, q_text)
+        identical = int(np.sum(f_best == q_best))
         return {"check": "zero-shot matches", "data": what, "samples": len(images), "captions": len(texts),
-                "identical": int(np.sum(f_best == q_best))}  # fmt: skip
+                "identical": identical, "poor": identical < POOR_SHARE * len(images)}  # fmt: skip
 
     architecture = type(whole).__name__
     inputs = "input_ids, attention_mask"
@@ -407,13 +425,15 @@ PARTED: dict[str, Callable[[Any, Path, Any], Parted]] = {
 
 
 def check_lines(section: Mapping[str, Any]) -> list[str]:
-    """The check of the parts together, in words (the summary's line)."""
+    """The check of the parts together, in words (the summary's line; ``NOT USABLE AS IS`` first when poor)."""
     if not section:
         return []
+    alarm = "NOT USABLE AS IS: the parts together, " if section.get("poor") else ""
     if section["check"] == "greedy transcripts":
         clips = section["samples"]
-        return [f"greedy transcripts ({section['data']} data, {clips} clips, up to {section['max_tokens']} tokens): "
-                f"{section['identical']} of {clips} identical to float's; float's tokens kept up to the first "
-                f"difference: {section['tokens_kept']:.0%} on average"]  # fmt: skip
-    return [f"zero-shot matches ({section['data']} data): the caption (of {section['captions']}) each of "
+        return [f"{alarm}greedy transcripts ({section['data']} data, {clips} clips, up to {section['max_tokens']} "
+                f"tokens): {section['identical']} of {clips} identical to float's; float's tokens kept up to the first "
+                f"difference: {section['tokens_kept']:.0%} on average; "
+                f"{section.get('token_error_rate', 0):.0%} of float's tokens changed (edits)"]  # fmt: skip
+    return [f"{alarm}zero-shot matches ({section['data']} data): the caption (of {section['captions']}) each of "
             f"{section['samples']} images matches best is float's for {section['identical']}"]  # fmt: skip

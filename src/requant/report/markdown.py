@@ -346,7 +346,7 @@ def to_markdown(report: Mapping[str, Any], title: str = "requant quantization re
     """The report (``QuantizedModel.report``, or its JSON read back) as a Markdown page; a model of parts' as each
     part's page under its name."""
     if "parts" in report:
-        lines = [f"# {title}", "", "```", str(report["summary"]).split("\n")[0], "```", ""]
+        lines = [f"# {title}", "", "```", str(report["summary"]).split("\n\n")[0], "```", ""]  # before the parts'
         for name, part in report["parts"].items():
             page = to_markdown(part, f"{name}").splitlines()
             lines += [f"#{line}" if line.startswith("#") else line for line in page] + [""]

@@ -126,8 +126,9 @@ def parts_summary(report: Mapping[str, Any]) -> str:
     parts = report["parts"]
     from requant.frontends.hf_parts import check_lines
 
+    together = check_lines(report.get("together", {}))  # NOT USABLE AS IS first, when the parts together are poor
     lines = [f"a model of {len(parts)} parts ({', '.join(parts)}), each quantized as a model of its own"]
-    lines += check_lines(report.get("together", {}))
+    lines = [*together, *lines] if report.get("together", {}).get("poor") else [*lines, *together]
     for name, part in parts.items():
         lines += ["", f"== {name}", str(part["summary"])]
     return "\n".join(lines)
