@@ -46,16 +46,16 @@ from requant.frontends.hf_folder import (
 from requant.frontends.onnx_loader import LoadError
 from requant.frontends.paths import named_files
 from requant.frontends.torch_loader import load_torch
+from requant.report.detections import POOR_SHARE
 
-__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "POOR_SHARE", "Part", "Parted", "check_lines",
+__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "Part", "Parted", "check_lines",
            "edits", "load_parts", "parts_of"]  # fmt: skip
 
 DECODE_TOKENS = 32  # a Whisper decoder's calibration sequence: the start token and at most this many more
 CHECK_SAMPLES = 16  # the check of the parts together runs at most this many clips, images and captions
-# the parts together are poor (the summary's NOT USABLE AS IS) when the int8 Whisper's transcripts change more than
-# one token in five of float's (edits over float's tokens), or the int8 CLIP's best caption is float's for fewer
-# than four images in five: as a detector's recall (requant.report.detections.POOR_SHARE)
-POOR_SHARE = 0.8
+# the parts together are poor (the summary's NOT USABLE AS IS) as a detector is (its POOR_SHARE, 0.8): when the int8
+# Whisper's transcripts change more than one token in five of float's (edits over float's tokens), or the int8
+# CLIP's best caption is float's for fewer than four images in five
 
 Samples = Callable[[Any, str, str], Any]  # (data, "calibration" or "evaluation", text field) -> the part's samples
 
@@ -433,7 +433,12 @@ def check_lines(section: Mapping[str, Any]) -> list[str]:
         clips = section["samples"]
         return [f"{alarm}greedy transcripts ({section['data']} data, {clips} clips, up to {section['max_tokens']} "
                 f"tokens): {section['identical']} of {clips} identical to float's; float's tokens kept up to the first "
-                f"difference: {section['tokens_kept']:.0%} on average; "
-                f"{section.get('token_error_rate', 0):.0%} of float's tokens changed (edits)"]  # fmt: skip
+                f"difference: {section['tokens_kept']:.0%} on average{_changed(section)}"]  # fmt: skip
     return [f"{alarm}zero-shot matches ({section['data']} data): the caption (of {section['captions']}) each of "
             f"{section['samples']} images matches best is float's for {section['identical']}"]  # fmt: skip
+
+
+def _changed(section: Mapping[str, Any]) -> str:
+    """The share of float's tokens changed, in words (a report read back from before it was counted has none)."""
+    rate = section.get("token_error_rate")
+    return "" if rate is None else f"; {rate:.0%} of float's tokens changed (edits)"
