@@ -198,6 +198,16 @@ def edits(floats: list[int], ints: list[int]) -> int:
     return row[-1]
 
 
+def _transcripts(pairs: list[tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """Float's and int8's greedy tokens of each clip, compared: how many identical, float's tokens kept up to the
+    first difference, and changed (edits over float's tokens; poor past ``POOR_SHARE``)."""
+    rate = sum(edits(f, q) for f, q in pairs) / max(sum(len(f) for f, _ in pairs), 1)
+    return {"samples": len(pairs), "identical": sum(f == q for f, q in pairs),
+            "tokens_kept": round(float(np.mean([_kept(f, q) for f, q in pairs])), 4),
+            "max_tokens": max(len(f) for f, _ in pairs), "token_error_rate": round(rate, 4),
+            "poor": rate > 1 - POOR_SHARE}  # fmt: skip
+
+
 def _kept(floats: list[int], ints: list[int]) -> float:
     """The share of float's tokens the int8 model's give, up to their first difference."""
     same = next((i for i, (a, b) in enumerate(zip(floats, ints, strict=False)) if a != b), min(len(floats), len(ints)))
@@ -261,17 +271,10 @@ def _whisper(whole: Any, folder: Path, transformers: Any) -> Parted:
         if not sound:
             return {}
         encoding, decoding = _session(models["encoder_model"]), _session(models["decoder_model"])
-        identical, kept, tokens, changed, total = 0, [], 0, 0, 0
-        for sample in sound[:CHECK_SAMPLES]:
-            floats = transcribed(sample["input_features"])[1][0].tolist()
-            ints = _transcribed(encoding, decoding, sample, config)
-            identical, tokens = identical + (floats == ints), max(tokens, len(floats))
-            kept.append(_kept(floats, ints))
-            changed, total = changed + edits(floats, ints), total + len(floats)
-        rate = changed / max(total, 1)
-        return {"check": "greedy transcripts", "data": what, "samples": len(kept), "identical": identical,
-                "tokens_kept": round(float(np.mean(kept)), 4), "max_tokens": tokens,
-                "token_error_rate": round(rate, 4), "poor": rate > 1 - POOR_SHARE}  # fmt: skip
+        clips = sound[:CHECK_SAMPLES]
+        floats = [transcribed(clip["input_features"])[1][0].tolist() for clip in clips]
+        ints = [_transcribed(encoding, decoding, clip, config) for clip in clips]
+        return {"check": "greedy transcripts", "data": what, **_transcripts(list(zip(floats, ints, strict=True)))}
 
     architecture, rate = type(whole).__name__, extractor.sampling_rate
     encoder_said = _said(folder, architecture, "encoder, feature extraction", "input_features")
@@ -393,8 +396,7 @@ def _clip(whole: Any, folder: Path, transformers: Any) -> Parted:
         reading, seeing = _session(models["text_model"]), _session(models["vision_model"])
         q_text = [reading.run(None, t)[0] for t in texts]
         q_image = [seeing.run(None, i)[0] for i in images]
-        f_best, q_best = _best(f_image, f_text), _best(q_image, q_text)
-        identical = int(np.sum(f_best == q_best))
+        identical = int(np.sum(_best(f_image, f_text) == _best(q_image, q_text)))  # poor: under POOR_SHARE of them
         return {"check": "zero-shot matches", "data": what, "samples": len(images), "captions": len(texts),
                 "identical": identical, "poor": identical < POOR_SHARE * len(images)}  # fmt: skip
 
