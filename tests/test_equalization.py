@@ -269,13 +269,11 @@ def test_mobilenet_v2_comes_closer_to_float() -> None:
     200 calibration and 2,000 held-out crops: top-1 agreement 0.901 -> 0.925, KL 0.035 -> 0.024, logits
     SQNR 20.3 -> 21.4 dB."""
     pytest.importorskip("torch")
-    from tests.models import on_crops
+    from tests.models import default_report, on_crops
 
     model, calib, evaluation = on_crops("mobilenet_v2", 64, 64, seed=1)
-    plain, evened = (
-        requant.quantize(model, calib, eval_data=evaluation, measure=False, equalization=on).report
-        for on in (False, True)
-    )
+    plain = requant.quantize(model, calib, eval_data=evaluation, measure=False, equalization=False).report
+    evened = default_report("mobilenet_v2", 64, 64, seed=1)  # equalization is the default (as test_tosa's reference)
     applied = [c for c in evened["equalization"]["chains"] if not c["skipped"]]
     assert len(applied) == 17 and all(c["spread_after"] <= c["spread_before"] for c in applied)
     before, after = plain["evaluation"]["sqnr_db"], evened["evaluation"]["sqnr_db"]

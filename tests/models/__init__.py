@@ -107,3 +107,20 @@ def on_crops(name: str, calibration: int, evaluation: int, seed: int) -> tuple[A
     key = str(model.graph.inputs[0].name)
     samples = [{key: images[i : i + 1]} for i in range(len(images))]
     return model, samples[:calibration], samples[calibration:]
+
+
+def default_report(name: str, calibration: int, evaluation: int, seed: int) -> dict[str, Any]:
+    """The report of requant's defaults (``requant.quantize(model, calib, eval_data=evaluation, measure=False)``)
+    on the classifier ``name`` and the crops of :func:`on_crops`: quantized once per test run
+    (:func:`once_per_run`) and read back as JSON by every test that compares with it (the tests of EfficientNet-
+    Lite0's weights, of MobileNetV2's equalization and of both as integer TOSA ask for the same run)."""
+    import json
+
+    def build(path: Path) -> None:
+        import requant
+
+        model, calib, held_out = on_crops(name, calibration, evaluation, seed)
+        path.write_text(json.dumps(requant.quantize(model, calib, eval_data=held_out, measure=False).report))
+
+    made = once_per_run(f"{name}-default-{calibration}-{evaluation}-{seed}.json", build)
+    return json.loads(made.read_text())  # type: ignore[no-any-return]
