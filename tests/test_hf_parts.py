@@ -170,15 +170,22 @@ def test_a_model_of_parts_takes_data_by_part_name_and_is_refused_as_one_file_wit
     clip: Path, tmp_path: Path
 ) -> None:
     """A dict by part name gives each part its own data (token arrays for the text part here); a part it leaves out
-    is an error naming it, and so is text for a folder without a tokenizer's files; ``-o x.onnx`` is refused before
-    any work, by the API and the CLI; --dry-run plans each part."""
+    and a key that is no part are errors naming them before any work (from the folder's configuration alone), and so
+    is text for a folder without a tokenizer's files; ``-o x.onnx`` is refused before any work, by the API and the
+    CLI; --dry-run plans each part."""
     rng = np.random.default_rng(0)
     tokens = [{"input_ids": np.concatenate([[[62]], rng.integers(0, 62, (1, 6)), [[63]]], 1).astype(np.int64),
                "attention_mask": np.ones((1, 8), np.int64)} for _ in range(8)]  # fmt: skip
     result = requant.quantize(clip, {"text_model": tokens, "vision_model": clip.parent / "calib"}, measure=False)
     assert result.parts is not None and result.report["together"] == {}  # no captions and images together
-    with pytest.raises(LoadError, match="names parts \\(text_model\\) but not 'vision_model'"):
-        requant.quantize(clip, {"text_model": tokens}, measure=False)
+    config_only = tmp_path.parent / f"{tmp_path.name}_config"  # refused from the configuration, before any export:
+    config_only.mkdir()  # its weights are not read (a truncated file, which would fail to load)
+    (config_only / "config.json").write_bytes((clip / "config.json").read_bytes())
+    (config_only / "model.safetensors").write_bytes((clip / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(LoadError, match="names parts \\(text_model\\) but not 'vision_model' \\(the model's parts: "):
+        requant.quantize(config_only, {"text_model": tokens}, measure=False)
+    with pytest.raises(LoadError, match="'vison_model' is not one of the model's \\(its parts: text_model, vision_"):
+        requant.quantize(config_only, {"text_model": tokens, "vison_model": tokens}, eval_data=tokens)
     bare = tmp_path.parent / f"{tmp_path.name}_bare"  # no tokenizer files: transformers would still make a tokenizer
     bare.mkdir()  # (of a vocabulary of 2, from the config alone), which would turn every caption into unknown tokens
     for name in ("config.json", "model.safetensors", "preprocessor_config.json"):

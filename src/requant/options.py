@@ -414,11 +414,11 @@ check_table()
 
 
 def preflight(options: Options, model: Any, calibration_data: Any) -> None:
-    """The checks of what the options name on disk, before any work: the data are there, and the
-    output overwrites no input (a refused run writes nothing)."""
+    """The checks of what the options name on disk, before any work: the data are there (by part name, naming
+    the model's parts, for a model of parts), and the output overwrites no input (a refused run writes nothing)."""
     from requant.calibration.data import check_exists, iterable
     from requant.frontends import check_outputs
-    from requant.frontends.hf_parts import parts_of
+    from requant.frontends.hf_parts import by_part, parts_of
 
     check_exists(calibration_data, "calibration")
     check_exists(options.eval_data, "evaluation")
@@ -426,6 +426,9 @@ def preflight(options: Options, model: Any, calibration_data: Any) -> None:
         raise ArgumentError("transform applies to the items of iterable data (a DataLoader, a list, a generator); "
                             "neither the calibration nor the evaluation data is one")  # fmt: skip
     parted = parts_of(model)
+    if parted:  # data by part name naming every part, before every part is exported (seconds each)
+        by_part(calibration_data, parted, "calibration")
+        by_part(options.eval_data, parted, "evaluation")
     if parted and options.output is not None and os.path.splitext(os.fspath(options.output))[1]:
         raise ArgumentError(f"'{model}' holds a model of parts ({', '.join(parted)}), each written as its own file: "
                             f"give a folder as the output, not '{options.output}'")  # fmt: skip

@@ -48,7 +48,7 @@ from requant.frontends.paths import named_files
 from requant.frontends.torch_loader import load_torch
 from requant.report.detections import POOR_SHARE
 
-__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "Part", "Parted", "check_lines",
+__all__ = ["CHECK_SAMPLES", "DECODE_TOKENS", "PARTED", "PART_NAMES", "Part", "Parted", "by_part", "check_lines",
            "edits", "load_parts", "parts_of"]  # fmt: skip
 
 DECODE_TOKENS = 32  # a Whisper decoder's calibration sequence: the start token and at most this many more
@@ -69,17 +69,37 @@ class Part:
     model: ir.Model
     said: str
     reader: Samples
+    names: tuple[str, ...] = ()  # the names of the model's parts, this one's among them
 
     def samples(self, data: Any, what: str, field: str = DEFAULT_FIELD) -> Any:
-        """``data`` as this part's samples: a dict whose keys are part names gives this part its own entry (a
-        part it leaves out is an error naming it); other data is read by the part (see the module's docstring)."""
+        """``data`` as this part's samples: a dict by part name (:func:`by_part`) gives this part its own entry;
+        other data is read by the part (see the module's docstring)."""
         if data is None:
             return None
-        if isinstance(data, Mapping) and data and all(isinstance(k, str) and k.endswith("_model") for k in data):
-            if self.name not in data:
-                raise LoadError(f"the {what} data names parts ({', '.join(data)}) but not '{self.name}'")
+        if by_part(data, self.names or (self.name,), what):
             data = data[self.name]
         return self.reader(data, what, field)
+
+
+def by_part(data: Any, names: tuple[str, ...], what: str) -> bool:
+    """Whether ``data`` gives each of the parts ``names`` its own data: a dict whose keys are part names (those of
+    ``names``, or others ending in ``_model``, as every part's file is named). A part it leaves out, or a key that is
+    no part of this model, is a :class:`LoadError` naming it and the model's parts: checked before any work
+    (:func:`requant.options.preflight`), as every part is exported first."""
+    if not isinstance(data, Mapping) or not data:
+        return False
+    if not all(isinstance(k, str) and (k in names or k.endswith("_model")) for k in data):
+        return False
+    parts = ", ".join(names)
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise LoadError(f"the {what} data names parts ({', '.join(data)}) and '{unknown[0]}' is not one of the "
+                        f"model's (its parts: {parts})")  # fmt: skip
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise LoadError(f"the {what} data names parts ({', '.join(data)}) but not '{missing[0]}' (the model's parts: "
+                        f"{parts})")  # fmt: skip
+    return True
 
 
 @dataclass
@@ -118,7 +138,10 @@ def load_parts(source: str | os.PathLike[str]) -> Parted:
                         "'requant[torch]' transformers") from None  # fmt: skip
     architecture = _architecture(folder)
     whole = loaded(transformers, folder, lambda: getattr(transformers, architecture).from_pretrained(folder))
-    return PARTED[architecture](whole.float().eval(), folder, transformers)
+    parted = PARTED[architecture](whole.float().eval(), folder, transformers)
+    for part in parted.parts:
+        part.names = tuple(p.name for p in parted.parts)
+    return parted
 
 
 def _said(folder: Path, architecture: str, part: str, inputs: str) -> str:
