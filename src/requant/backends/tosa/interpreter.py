@@ -67,19 +67,21 @@ def _window_sum(x: Array, w: Array, pad: list[int], stride: list[int], dilation:
     n, h, wd, c = x.shape
     oh = (h - (kh - 1) * dilation[0] - 1) // stride[0] + 1
     ow = (wd - (kw - 1) * dilation[1] - 1) // stride[1] + 1
+    taps = [(slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0]),
+             slice(j * dilation[1], j * dilation[1] + (ow - 1) * stride[1] + 1, stride[1]), i, j)
+            for i in range(kh) for j in range(kw)]  # fmt: skip
+    if depthwise:  # out[..., c * M + m] = sum_ij x[tap ij][..., c] * w[i, j, c, m]: one multiply-add a tap
+        summed = np.zeros((n, oh, ow, c, w.shape[3]), np.int64)  # (an int64 einsum over patches: 1.4-4.8x the time)
+        for rows, cols, i, j in taps:
+            summed += x[:, rows, cols, :, None] * w[i, j]
+        return summed.reshape(n, oh, ow, -1)
     # im2col in doubles where they hold every sum exactly: no second copy, nor a second pass over it
-    exact = not depthwise and _in_doubles(x, w, kh * kw * c)
+    exact = _in_doubles(x, w, kh * kw * c)
     patches = np.empty((n, oh, ow, kh, kw, c), np.float64 if exact else np.int64)
-    for i in range(kh):
-        for j in range(kw):
-            rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0])
-            cols = slice(j * dilation[1], j * dilation[1] + (ow - 1) * stride[1] + 1, stride[1])
-            patches[:, :, :, i, j, :] = x[:, rows, cols, :]
-    if depthwise:  # out[..., c * M + m] = sum_ij patches[..., i, j, c] * w[i, j, c, m]
-        out: Array = np.einsum("nhwijc,ijcm->nhwcm", patches, w).reshape(n, oh, ow, -1)
-    else:
-        out = _exact_matmul(patches.reshape(-1, kh * kw * c), w.reshape(len(w), -1).T, exact).reshape(n, oh, ow, -1)
-    return out
+    for rows, cols, i, j in taps:
+        patches[:, :, :, i, j, :] = x[:, rows, cols, :]
+    out: Array = _exact_matmul(patches.reshape(-1, kh * kw * c), w.reshape(len(w), -1).T, exact)
+    return out.reshape(n, oh, ow, -1)
 
 
 def _conv(op: TosaOp, args: list[Array], rounding: str) -> Array:
