@@ -305,8 +305,10 @@ class Options:
         if self.keep_float_below is not None:
             raise ArgumentError("give max_drop or keep_float_below, not both: both choose which kernels stay float")
         if self.metric == "detections" and backend == "executorch":  # decoded from every output of an ONNX model
-            raise ArgumentError("metric 'detections' is measured by the ONNX targets' budget; the executorch-xnnpack "
-                                "target's measures accuracy, top1 or cosine")
+            raise ArgumentError(
+                "metric 'detections' is measured by the ONNX targets' budget; the executorch-xnnpack "
+                "target's measures accuracy, top1 or cosine"
+            )
         if self.metric == "accuracy" and not _has_labels(self.eval_data):  # (an iterable's targets: read later)
             raise ArgumentError("metric 'accuracy' needs labels in the evaluation data (a 'labels' array, or a data "
                                 "loader's (x, y) with class indices y)")  # fmt: skip
