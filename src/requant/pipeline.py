@@ -123,9 +123,9 @@ def quantize_parts(folder: Any, calibration_data: Any, options: Options) -> Quan
     parts: dict[str, QuantizedModel] = {}
     parted = load_parts(folder)
     for part in parted.parts:
-        evaluation = part.samples(options.eval_data, "evaluation", options.text_field)
+        evaluation = part.samples(options.eval_data, "evaluation", parted.names, options.text_field)
         given = dataclasses.replace(options, output=None, eval_data=evaluation)
-        calibration = part.samples(calibration_data, "calibration", options.text_field)
+        calibration = part.samples(calibration_data, "calibration", parted.names, options.text_field)
         log.info("quantizing %s's %s", folder, part.name)
         result = FLOWS[options.flow](part.model, calibration, given, time.perf_counter())
         result.report = {"model_source": part.said, **result.report}

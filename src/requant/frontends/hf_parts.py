@@ -69,14 +69,13 @@ class Part:
     model: ir.Model
     said: str
     reader: Samples
-    names: tuple[str, ...] = ()  # the names of the model's parts, this one's among them
 
-    def samples(self, data: Any, what: str, field: str = DEFAULT_FIELD) -> Any:
-        """``data`` as this part's samples: a dict by part name (:func:`by_part`) gives this part its own entry;
-        other data is read by the part (see the module's docstring)."""
+    def samples(self, data: Any, what: str, parts: tuple[str, ...], field: str = DEFAULT_FIELD) -> Any:
+        """``data`` as this part's samples: a dict by part name (:func:`by_part`; ``parts``: the names of the
+        model's parts) gives this part its own entry; other data is read by the part (see the module's docstring)."""
         if data is None:
             return None
-        if by_part(data, self.names or (self.name,), what):
+        if by_part(data, parts, what):
             data = data[self.name]
         return self.reader(data, what, field)
 
@@ -110,6 +109,10 @@ class Parted:
     parts: list[Part]
     check: Callable[[Mapping[str, ir.Model], Any, str], dict[str, Any]]
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(part.name for part in self.parts)
+
 
 def _architecture(folder: Path) -> str:
     try:
@@ -138,10 +141,7 @@ def load_parts(source: str | os.PathLike[str]) -> Parted:
                         "'requant[torch]' transformers") from None  # fmt: skip
     architecture = _architecture(folder)
     whole = loaded(transformers, folder, lambda: getattr(transformers, architecture).from_pretrained(folder))
-    parted = PARTED[architecture](whole.float().eval(), folder, transformers)
-    for part in parted.parts:
-        part.names = tuple(p.name for p in parted.parts)
-    return parted
+    return PARTED[architecture](whole.float().eval(), folder, transformers)
 
 
 def _said(folder: Path, architecture: str, part: str, inputs: str) -> str:
