@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import requant
 import requant.targets.registry as registry
+from requant.calibration.calibrate import STEM_METHOD
 from requant.cli.main import main
 from requant.quantizers.pattern_quantizer import KEPT_FLOAT_KEY
 from requant.report.outputs import compare_outputs, poor_parts
@@ -41,8 +42,10 @@ def detector() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]], list[dict[
 
 
 def test_a_head_joining_pixels_and_probabilities_keeps_its_detections(detector: tuple) -> None:
+    """The joins' rule, on a head quantized up to its output (an explicit method: ``auto`` keeps a detector's head
+    float after its last kernels, below)."""
     model, calib, evaluation = detector
-    result = requant.quantize(model, calib, measure=False)
+    result = requant.quantize(model, calib, method=STEM_METHOD, measure=False)
     (join,) = result.report["joins"]["found"]
     steps = {i["value"]: i["steps"] for i in join["inputs"]}  # the boxes' value: its stride Mul folded before it
     assert join["how"] == "float" and len(steps) == 2 and steps.pop("scores") < 1  # half a step of the pixels'
@@ -51,8 +54,7 @@ def test_a_head_joining_pixels_and_probabilities_keeps_its_detections(detector: 
     assert kept >= 0.95 and shift < 1.0  # measured: 818 of 819, 0.41 px
     assert "joins of ranges that cannot share one int8 type: 1" in result.report["summary"]
     assert "QLinearConcat" not in result.report["lint"]["int8_kernels"]  # the ops before it stay int8
-    # the stem float (its 2 convolutions, reading maps 64 and 32 pixels wide), and the third, which reads its result
-    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 2
+    assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 5  # no stem float: that is auto's
     assert not result.report["outputs"]["poor"]
 
 
@@ -64,7 +66,7 @@ def test_a_dfl_head_and_a_head_sliced_into_two_outputs_keep_their_detections(var
     model = make_detector(**{variant: True})
     images = noise_images(96)
     calib, evaluation = images[:64], images[64:]
-    result = requant.quantize(model, calib, measure=False)
+    result = requant.quantize(model, calib, method=STEM_METHOD, measure=False)
     assert "QLinearConcat" not in result.report["lint"]["int8_kernels"]  # the join is float
     if variant == "split":  # by the joins' rule, its Slices with it (they shared its type)
         (join,) = result.report["joins"]["found"]
@@ -80,7 +82,7 @@ def test_a_dfl_head_and_a_head_sliced_into_two_outputs_keep_their_detections(var
     assert not result.report["outputs"]["poor"]
     if variant == "dfl":  # the decode (its Softmax, the weights by bin, the box logits' Conv) float: the table's rule
         assert "QLinearSoftmax" not in result.report["lint"]["int8_kernels"]
-        assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 1  # the classes' (the backbone's 3 float: the stem)
+        assert result.report["lint"]["int8_kernels"]["QLinearConv"] == 4  # the backbone's 3 and the classes'
         kept_float = {n.name: n.metadata_props.get(KEPT_FLOAT_KEY, "") for n in result.model.graph}
         decode = [name for name, why in kept_float.items() if why.startswith("an expectation over bins")]
         assert len(decode) == 3, kept_float
@@ -103,7 +105,7 @@ def test_an_output_far_from_float_gets_the_ops_feeding_it_float(
     without = dataclasses.replace(target, table=dataclasses.replace(target.table, joins={}))
     monkeypatch.setitem(registry.TARGETS, "onnxruntime-cpu", without)
     model, calib, evaluation = detector
-    result = requant.quantize(model, calib, eval_data=evaluation, measure=False)
+    result = requant.quantize(model, calib, method=STEM_METHOD, eval_data=evaluation, measure=False)
     checked = result.report["outputs"]
     first = {p.get("joins", p["part"]): p for p in checked["parts"]}
     assert first["boxes"]["sqnr_db"] > 40 and first["scores"]["flipped"] > 0.9 and first["scores"]["sqnr_db"] < 5
@@ -132,7 +134,7 @@ def test_a_split_head_far_from_float_gets_the_ops_feeding_both_its_outputs_float
     without = dataclasses.replace(target, table=dataclasses.replace(target.table, joins={}))
     monkeypatch.setitem(registry.TARGETS, "onnxruntime-cpu", without)
     images = noise_images(96)
-    result = requant.quantize(make_detector(split=True), images[:64], measure=False)
+    result = requant.quantize(make_detector(split=True), images[:64], method=STEM_METHOD, measure=False)
     checked = result.report["outputs"]
     (first,) = [p for p in checked["parts"] if p["part"] == "detections"]
     assert first["outputs"] == ["box_out", "score_out"] and first["recall"] < 0.05
@@ -202,6 +204,10 @@ def test_auto_calibrates_a_detector_with_its_fine_maps_clipped_at_99_99(detector
     assert choice["why"].startswith("output 'y' holds boxes and 3 class scores: a detector; maps at a quarter")
     assert choice["stem_float"] == ["node", "node_1", "node_2", "node_3"]  # conv 64 -> 32 wide, Relu, 32 -> 16, Relu
     assert "its stem float: 4 ops, node, node_1, ..." in result.report["summary"]
+    # the head from its last kernels (the box and class convolutions: 0.6 % of the multiply-adds) to the output
+    assert choice["head_float"] == [f"node_{i}" for i in range(6, 14)]
+    assert "; its head float after its last kernels: 8 ops" in result.report["summary"]
+    assert not result.report["lint"]["int8_kernels"]  # the third conv reads the stem's result: float too
     assert not result.report["outputs"]["held_out"] and result.report["outputs"]["samples"] == 32
     types = {}
     for method in ("percentile", "stem_percentile", "minmax"):
@@ -213,6 +219,32 @@ def test_auto_calibrates_a_detector_with_its_fine_maps_clipped_at_99_99(detector
     near = {"logits", "probabilities", "offsets", "in_cells", "boxes"} & set(plain)  # their whole range: minmax's
     assert near and all(stem[v] == types["minmax"][v] for v in near)
     assert all(stem[v] == plain[v] for v in set(plain) - near - {"x", "c0", "r0", "c1", "r1"})
+
+
+@pytest.mark.parametrize(("classes", "kernels"), [(3, True), (80, False)])
+def test_a_detectors_head_is_named_from_its_outputs_back_to_its_last_kernels(classes: int, kernels: bool) -> None:
+    """``head_ops``: the ops between the head's outputs and the kernels before them, those kernels too while their
+    multiply-adds are at most ``HEAD_SHARE`` of the model's (3 classes: 14 k of 2.2 M; 80: 172 k of 2.4 M, 7 %)."""
+    from requant.targets.stem import HEAD_SHARE, head_ops
+
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(make_detector(classes=classes)))
+    for i, node in enumerate(model.graph):
+        node.name = f"n{i}"  # n0-n5 the backbone's Conv and Relu; n6 the boxes' Conv, n10 the classes'
+    decode = ["n7", "n8", "n9", "n11", "n12", "n13"]  # Reshape, Add, Mul; Sigmoid, Reshape; the Concat
+    assert head_ops(model, ["y"]) == (sorted([*decode, "n6", "n10"], key=lambda n: int(n[1:])) if kernels else decode)
+    assert HEAD_SHARE == 0.02
+    assert head_ops(model, []) == []  # no head output named: nothing
+
+
+def test_a_detector_on_an_integer_only_target_keeps_nothing_float(detector: tuple) -> None:
+    """tosa-int8 computes nothing in float: ``auto`` calibrates a detector as on any target, but keeps neither its
+    stem nor its head float (it had kept the stem float, and the lowering refused the float Conv); the join of
+    pixels and probabilities on one int8 type then loses the detections, and the summary says so first."""
+    model, calib, _ = detector
+    result = requant.quantize(model, calib[:32], target="tosa-int8", measure=False)
+    choice = result.report["method_choice"]
+    assert choice["chosen"] == STEM_METHOD and choice["stem_float"] == [] and choice["head_float"] == []
+    assert result.report["summary"].startswith("NOT USABLE AS IS: output 'y' (a detector's, decoded with NMS): 0% of")
 
 
 def test_parts_and_what_is_poor() -> None:
@@ -280,7 +312,7 @@ def test_an_int8_model_slower_than_float_gets_its_worst_groups_float(
 ) -> None:
     model, calib, _ = detector
     calls = _timed(monkeypatch, [1.0, 1.3], [1.0, 1.3, 0.8])
-    result = requant.quantize(model, calib)
+    result = requant.quantize(model, calib, method=STEM_METHOD)  # auto: this head float, nothing int8 after the stem
     assert calls == [2, 3]  # float and int8; then the two with the candidate, in the same rounds
     tried = result.report["speed"]["tried"]
     assert tried["kept"] and tried["kept_float"] and result.report["latency_ms_batch1"]["quantized"] == 0.8
@@ -292,7 +324,7 @@ def test_an_int8_model_slower_than_float_gets_its_worst_groups_float(
 def test_an_int8_model_still_slower_than_float_says_so_first(detector: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     model, calib, _ = detector
     _timed(monkeypatch, [1.0, 1.3], [1.0, 1.3, 1.28])
-    result = requant.quantize(model, calib)
+    result = requant.quantize(model, calib, method=STEM_METHOD)
     assert not result.report["speed"]["tried"]["kept"]  # not faster by 5 %: the int8 model stays
     first = result.report["summary"].splitlines()[0]
     assert first.startswith("SLOWER THAN FLOAT: the int8 model takes 1.30x the float model's time")

@@ -22,6 +22,7 @@ from requant.errors import QuantTypeError
 from requant.ir.annotations import element_name, request, set_parameter_type, set_quant_type
 from requant.ir.queries import graph_values
 from requant.ir.requests import QuantizationSpec, SharedSpec
+from requant.targets.stem import behind
 from requant.types import UniformType, from_range
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
 # 0.86 / 0.84 / 1.46 px so; tau_obb 0.25 / 0.66 / 2.10 -> 0.69 / 0.70 / 1.73 (docs/benchmarks.md)
 STEM_METHOD = "stem_percentile"
 STEM_PERCENTILE = 99.99
-_KERNELS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # where near_outputs stops
 KEPT_OUTPUT_BYTES = 64 << 20  # the float outputs a cache keeps (a prefix of the samples: 22 of the detector's maps)
 
 
@@ -161,20 +161,10 @@ def _activation_spec(
 
 def near_outputs(graph: ir.Graph) -> frozenset[str]:
     """The names of the values the model's outputs are computed from without a kernel (a convolution or a
-    matrix product) between, the kernels' outputs included: a detector's class logits before their Sigmoid,
-    whose rare large values are the detections (YOLO11n-seg's, clipped at the 99.999th percentile, fell
-    below the threshold everywhere: no detection on 60 photo crops)."""
-    found: set[str] = set()
-    todo = list(graph.outputs)
-    while todo:
-        value = todo.pop()
-        if value.name in found:
-            continue
-        found.add(str(value.name))
-        node = value.producer()
-        if node is not None and node.op_type not in _KERNELS:
-            todo.extend(x for x in node.inputs if x is not None and x.const_value is None)
-    return frozenset(found)
+    matrix product) between, the kernels' outputs included (:func:`requant.targets.stem.behind`): a detector's
+    class logits before their Sigmoid, whose rare large values are the detections (YOLO11n-seg's, clipped at the
+    99.999th percentile, fell below the threshold everywhere: no detection on 60 photo crops)."""
+    return behind(graph)
 
 
 def fine_maps(graph: ir.Graph) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,6 +18,7 @@ __all__ = [
     "fresh_name",
     "graph_values",
     "is_op",
+    "kernel_macs",
     "op_name",
     "pads_with_zero",
     "static_elements",
@@ -55,6 +57,24 @@ def static_elements(value: ir.Value, dims: Mapping[str, int] | None = None) -> i
     for d in value.shape:
         count *= d if isinstance(d, int) else (dims or {}).get(str(d), 1)
     return count
+
+
+def kernel_macs(node: ir.Node, dims: Mapping[str, int] | None = None) -> int | None:
+    """A kernel's (Conv, MatMul, Gemm) multiply-adds per run: its output's elements times each one's reduction
+    length; None where a shape is unknown. ``dims``: as :func:`static_elements` counts them."""
+    if len(node.inputs) < 2 or not node.outputs:
+        return None
+    out, weight = static_elements(node.outputs[0], dims), node.inputs[1].shape if node.inputs[1] is not None else None
+    if out is None or weight is None or not all(isinstance(d, int) for d in weight) or len(weight) < 2:
+        return None
+    w = [d for d in weight if isinstance(d, int)]
+    if node.op_type == "Conv":
+        return out * math.prod(w[1:])
+    if node.op_type == "ConvTranspose":  # each input element times its weights' (C_out / group) x kernel
+        read = static_elements(node.inputs[0], dims) if node.inputs[0] is not None else None
+        return read * math.prod(w[1:]) if read is not None else None
+    transposed = node.op_type == "Gemm" and bool(node.attributes.get_int("transB", 0))
+    return out * (w[-1] if transposed else w[-2])
 
 
 def graph_values(graph: ir.Graph) -> list[ir.Value]:

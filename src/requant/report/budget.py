@@ -52,7 +52,14 @@ import onnx_ir as ir
 
 from requant.errors import RequantError
 from requant.ir.provenance import QUANTIZES_KEY
-from requant.ir.queries import DEFAULT_DOMAINS, clamp_bounds, constant, dequantized_constant, static_elements
+from requant.ir.queries import (
+    DEFAULT_DOMAINS,
+    clamp_bounds,
+    constant,
+    dequantized_constant,
+    kernel_macs,
+    static_elements,
+)
 from requant.ir.traits import WEIGHTED
 from requant.targets.costs import CostModel
 from requant.targets.kernels import is_depthwise
@@ -227,18 +234,6 @@ def kernel_class(node: ir.Node) -> str | None:
     return "pointwise" if all(d == 1 for d in dims[2:]) else "dense"
 
 
-def _macs(node: ir.Node, dims: Mapping[str, int]) -> int | None:
-    """A kernel's multiply-adds per run: its output's elements times each one's reduction length."""
-    out, weight = static_elements(node.outputs[0], dims), node.inputs[1].shape if node.inputs[1] is not None else None
-    if out is None or weight is None or not all(isinstance(d, int) for d in weight) or len(weight) < 2:
-        return None
-    w = [d for d in weight if isinstance(d, int)]
-    if node.op_type == "Conv":
-        return out * math.prod(w[1:])
-    transposed = node.op_type == "Gemm" and bool(node.attributes.get_int("transB", 0))
-    return out * (w[-1] if transposed else w[-2])
-
-
 def float_cost_us(
     model: ir.Model, nodes: Collection[str], costs: CostModel, dims: Mapping[str, int] | None = None
 ) -> float:
@@ -273,7 +268,7 @@ def float_cost_us(
         node = by_name.get(name)
         kind = kernel_class(node) if node is not None else None
         price = costs.kernels.get(kind) if kind is not None else None
-        macs = _macs(node, dims) if node is not None and price is not None else None
+        macs = kernel_macs(node, dims) if node is not None and price is not None else None
         if node is None or price is None or macs is None:
             continue
         total += price.float_op.us(macs) - price.int8_op.us(macs)

@@ -68,6 +68,8 @@ def method_summary(choice: Mapping[str, Any]) -> str:
         stem = choice.get("stem_float") or []
         more = ", ..." if len(stem) > 2 else ""
         kept = f"; its stem float: {len(stem)} ops, {', '.join(stem[:2])}{more}" if stem else ""
+        head = choice.get("head_float") or []
+        kept += f"; its head float after its last kernels: {len(head)} ops" if head else ""
         return f"auto -> {choice['chosen']} ({choice['why']}{kept})"
     scores = ", ".join(f"{m} {s:.1f} dB" for m, s in choice["output_sqnr_db"].items())
     which = "held-out calibration samples" if choice.get("held_out") else "calibration samples"

@@ -11,11 +11,12 @@ where it brings the output closer to float on the held-out samples (:func:`unles
 
 A detector (the float model's outputs on the first ``DETECTOR_SAMPLES`` hold boxes and class scores, as
 :func:`requant.report.detections.heads` reads them) is not compared: its output's SQNR is not what its users
-count. It is calibrated with ``stem_percentile`` on every sample, its stem float (:mod:`requant.targets.stem`,
-in the run's quantizer from then on: docs/calibration.md, "A detector").
+count. It is calibrated with ``stem_percentile`` on every sample, its stem and its head after its last kernels float
+(:mod:`requant.targets.stem`, in the run's quantizer from then on: docs/calibration.md, "A detector").
 
 Reads: the flow (samples, options, statistics). Adds: the run of the chosen method. Records:
-``method_choice`` (every candidate's SQNR, how many samples were held out, why; a detector's ``stem_float``).
+``method_choice`` (every candidate's SQNR, how many samples were held out, why; a detector's ``stem_float`` and
+``head_float``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from requant.runtime import in_stage
 from requant.stages.annotate import Prepared
 from requant.stages.convert import SKETCH_SAMPLES, Converted, Staged, finish, sketch, stage
 from requant.stages.run import Flow, Run
-from requant.targets.stem import stem_ops
+from requant.targets.stem import head_ops, stem_ops
 
 __all__ = ["AUTO_METHODS", "CHOICE_SAMPLES", "DECISIVE_DB", "DETECTOR_SAMPLES", "choose_method", "detector", "lines"]
 
@@ -87,9 +88,9 @@ def choose_method(flow: Flow) -> tuple[Run, dict[str, Any]]:
     assert prepared.float_model is not None
     float_proto, float_size = prepared.float_model
     assert float_proto is not None
-    found = detector(float_proto, flow.samples.head(prepared.model, DETECTOR_SAMPLES))
+    found, outputs = detector(float_proto, flow.samples.head(prepared.model, DETECTOR_SAMPLES))
     if found:  # no comparison: the output's SQNR is not what a detector's users count (docs/calibration.md)
-        return _detector_run(flow, prepared, found)
+        return _detector_run(flow, prepared, found, outputs)
     copies = [prepared.model.clone() for _ in AUTO_METHODS[1:]] + [prepared.model]  # each calibrated in place
     chosen: dict[str, list[Any]] = {}
     staged: dict[str, Staged] = {}
@@ -117,18 +118,21 @@ def choose_method(flow: Flow) -> tuple[Run, dict[str, Any]]:
     return Run(prepared.report, float_proto, float_size, chosen[method], converted, prepared.evened), choice
 
 
-def _detector_run(flow: Flow, prepared: Prepared, found: str) -> tuple[Run, dict[str, Any]]:
+def _detector_run(flow: Flow, prepared: Prepared, found: str, outputs: tuple[str, ...]) -> tuple[Run, dict[str, Any]]:
     """A detector's run: calibrated with ``stem_percentile`` on every sample (ABD-model on 56 of 64: recall 0.86 ->
-    0.81), its stem float (:mod:`requant.targets.stem`: kept float in every later run too)."""
+    0.81), its stem and its head after its last kernels (the head's ``outputs``) float (:mod:`requant.targets.stem`:
+    kept float in every later run too), unless the target is integer-only."""
     flow.method = STEM_METHOD
-    stem = stem_ops(prepared.model)
-    choice = {"chosen": STEM_METHOD, "why": f"{found}: {STEM_WHY}", "samples": 0, "held_out": 0, "stem_float": stem}
-    if not stem:
+    model, integer = prepared.model, flow.target.integer_only
+    stem, head = ([], []) if integer else (stem_ops(model), head_ops(model, outputs))
+    choice = {"chosen": STEM_METHOD, "why": f"{found}: {STEM_WHY}", "samples": 0, "held_out": 0, "stem_float": stem,
+              "head_float": head}  # fmt: skip
+    if not stem and not head:
         return flow.run(flow.options.quantizer, STEM_METHOD, prepared=prepared), choice
     # float whole (outputs too), in this run's quantizer and so in every later run's: placement then prices the
     # activations after the stem as reading float (the stem's output requested int8 had left them int8: ABD-model's
     # recall 0.875 -> 0.810 on the bench's crops)
-    quantizer = flow.options.quantizer.with_float_nodes(stem, FLOAT)
+    quantizer = flow.options.quantizer.with_float_nodes([*stem, *head], FLOAT)
     flow.options = dataclasses.replace(flow.options, quantizer=quantizer)
     return flow.run(quantizer, STEM_METHOD), choice
 
@@ -208,21 +212,21 @@ def unless_worse(
     return plain
 
 
-def detector(float_proto: onnx.ModelProto, samples: list[Any]) -> str:
+def detector(float_proto: onnx.ModelProto, samples: list[Any]) -> tuple[str, tuple[str, ...]]:
     """What the float model's outputs on ``samples`` show of a detection head (boxes and class scores, as
-    :func:`requant.report.detections.heads` reads them), or ``""``."""
+    :func:`requant.report.detections.heads` reads them), or ``""``; and the names of the head's outputs."""
     runner = session(float_proto)
     names = [o.name for o in runner.get_outputs()]
     try:
         found = heads(names, [runner.run(None, dict(s)) for s in samples])
     except Exception:  # ONNX Runtime's failure on the float model: calibration runs it next and says what failed
-        return ""
+        return "", ()
     if not found:
-        return ""
+        return "", ()
     head = found[0]
     named = " and ".join(f"'{name}'" for name in head.names)
     held = f"output {named} holds" if len(head.names) == 1 else f"outputs {named} hold"
-    return f"{held} boxes and {head.classes} class score{'s' if head.classes > 1 else ''}"
+    return f"{held} boxes and {head.classes} class score{'s' if head.classes > 1 else ''}", head.names
 
 
 def lines(report: Mapping[str, Any]) -> list[str]:
