@@ -2,8 +2,9 @@
 
 Constants first (so folding and batch-norm folding see initializers), then the
 removals that expose patterns, then the folds (with shapes inferred, since the
-MatMul patterns need ranks), then each kernel its own bias, per-consumer dequantize, names, and shapes
-again last (so every value the later stages see has a name, a type and a shape).
+MatMul patterns need ranks), then each kernel its own bias (a zero one where it had
+none), per-consumer dequantize, names, and shapes again last (so every value the later
+stages see has a name, a type and a shape).
 """
 
 PIPELINE = [
@@ -18,6 +19,7 @@ PIPELINE = [
     "fold-pad",
     "fuse-matmul-add",
     "order-gelu",
+    "zero-biases",
     "unshare-biases",
     "dequantize-per-consumer",
     "unique-names",
