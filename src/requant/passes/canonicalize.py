@@ -2,9 +2,8 @@
 
 Constants first (so folding and batch-norm folding see initializers), then the
 removals that expose patterns, then the folds (with shapes inferred, since the
-MatMul patterns need ranks), then each kernel its own bias (a zero one where it had
-none), per-consumer dequantize, names, and shapes again last (so every value the later
-stages see has a name, a type and a shape).
+MatMul patterns need ranks), then each kernel its own bias, per-consumer dequantize, names, and shapes
+again last (so every value the later stages see has a name, a type and a shape).
 """
 
 PIPELINE = [
@@ -19,7 +18,6 @@ PIPELINE = [
     "fold-pad",
     "fuse-matmul-add",
     "order-gelu",
-    "zero-biases",
     "unshare-biases",
     "dequantize-per-consumer",
     "unique-names",
