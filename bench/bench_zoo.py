@@ -322,6 +322,7 @@ def print_row(row: dict[str, Any]) -> None:
             continue
         detected = (f" recall {r['recall']:.3f} precision {r['precision']:.3f} shift {r['shift_px']:.2f} px"
                     f" ({r['float_detections']} float detections)" if "recall" in r else "")  # fmt: skip
+        detected += f" angles {r['angle_deg']:.2f} degrees" if "angle_deg" in r else ""
         detected += f" top-1 {r['top1']:.4f}" if "top1" in r else ""
         print(
             f"  {tool:17s} SQNR {r['sqnr_db']:6.2f} dB cosine {r['cosine']:.5f}{detected}; "

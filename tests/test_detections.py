@@ -126,3 +126,32 @@ def test_a_box_decode_by_bins_is_found_and_a_classifiers_softmax_is_not() -> Non
     assert {str(n.name): kept_float(n) for n in model.graph}["box_conv"] is None  # its input is read by another
     other = _decode(np.arange(16)[::-1])  # not an expectation by the bins' index
     assert not any(in_bin_expectation(n) for n in other.graph)
+
+
+def test_an_oriented_boxs_angle_is_judged_on_the_matched_boxes_not_over_every_anchor() -> None:
+    """An OBB head (Ultralytics': one angle row after the classes, ``(sigmoid - 1/4) pi``): the angle of anchors
+    nobody sees may be anything in int8 without an alarm; the matched boxes' angles are compared modulo 180
+    degrees, and turned by more than ``POOR_ANGLE_DEG`` on average they make the head poor."""
+    from requant.report.detections import POOR_ANGLE_DEG, describe
+
+    rng = np.random.default_rng(3)
+    boxes = _head(OBJECTS)
+    angles = rng.uniform(-np.pi / 4, 3 * np.pi / 4, (1, 1, 400)).astype(np.float32)
+    f = np.concatenate([boxes, angles], 1)
+    (h,) = heads(["y"], [[f]])
+    assert h.angle == 7 and h.classes == 3  # rows 4-6 the classes, row 7 the angle
+    background = f.copy()
+    background[0, 7, 36:] = rng.uniform(-np.pi / 4, 3 * np.pi / 4, 364)  # the anchors holding no object
+    kept = judge(h, [[f]], [[background]])
+    assert kept["recall"] == kept["precision"] == 1.0 and kept["angle_deg"] == 0.0 and not poor(kept)
+    turned = f.copy()
+    turned[0, 7] += np.radians(15)  # every box turned 15 degrees
+    judged = judge(h, [[f]], [[turned]])
+    assert judged["angle_deg"] == pytest.approx(15.0, abs=0.01) and judged["angle_deg"] > POOR_ANGLE_DEG
+    assert poor({**judged, "float_detections": 10})  # (6 objects: too few to alarm on their own)
+    assert describe(judged).endswith("turned 15.0 degrees")
+    wrapped = f.copy()
+    wrapped[0, 7] = np.where(f[0, 7] > np.pi / 4, f[0, 7] - np.pi, f[0, 7] + np.pi)  # the same box, half a turn on
+    assert judge(h, [[f]], [[wrapped]])["angle_deg"] == pytest.approx(0.0, abs=1e-3)
+    (plain,) = heads(["y"], [[boxes]])
+    assert plain.angle is None and "angle_deg" not in judge(plain, [[boxes]], [[boxes]])

@@ -15,11 +15,15 @@ Ultralytics' ``predict`` does (a detection is an anchor whose best class scores 
 and matches them (same class, IoU at least ``MATCH_IOU``, greedily from float's most confident):
 *recall* is the share of float's detections the int8 model finds, *precision* the share of the int8
 model's that float has, *shift* the mean distance of a matched box's corners from float's (pixels),
-*iou* the matched boxes' mean IoU. Oriented boxes are matched as their axis-aligned ``xywh``.
+*iou* the matched boxes' mean IoU. Oriented boxes are matched as their axis-aligned ``xywh``; their angle (the one
+row after the classes of a head whose values there stay within Ultralytics' ``(sigmoid - 1/4) pi``) is judged on
+the matched boxes: *angle_deg*, the mean of their angles' distance from float's (modulo 180 degrees), not over
+every anchor (an anchor nobody sees has an angle too: tau-fibrils-yolo's read 7.6 dB on photo crops).
 
 A head is poor when float makes at least ``MIN_DETECTIONS`` detections on the samples and recall or
 precision is below ``POOR_SHARE``, or the matched boxes' mean IoU is below ``POOR_IOU`` (corners moved
-a tenth of the box's size: a box a user sees in the wrong place).
+a tenth of the box's size: a box a user sees in the wrong place), or the matched oriented boxes turned by more
+than ``POOR_ANGLE_DEG`` on average.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "CONFIDENCE", "MATCH_IOU", "MIN_DETECTIONS", "POOR_IOU", "POOR_SHARE", "Head", "anchored", "describe", "heads",
+    "ANGLES", "CONFIDENCE", "MATCH_IOU", "MIN_DETECTIONS", "POOR_ANGLE_DEG", "POOR_IOU", "POOR_SHARE", "Head",
+    "anchored", "describe", "heads",
     "judge", "poor",
 ]  # fmt: skip
 
@@ -45,6 +50,8 @@ MATCH_IOU = 0.5  # a float detection found again: same class, at least this IoU
 MIN_DETECTIONS = 10  # fewer float detections on the samples: their shares say too little
 POOR_SHARE = 0.8  # recall or precision below this: a user misses or gets one detection in five
 POOR_IOU = 0.8  # matched boxes' mean IoU below this: boxes visibly elsewhere
+POOR_ANGLE_DEG = 10.0  # matched oriented boxes turned by more than this on average: visibly turned
+ANGLES = (-np.pi / 4, 3 * np.pi / 4)  # an Ultralytics OBB head's angle row: (sigmoid - 1/4) pi
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class Head:
     classes: int
     transposed: bool
     names: tuple[str, ...]
+    angle: int | None = None  # an oriented box's angle row in the boxes' output, if any
 
 
 def _rows(array: Any, transposed: bool) -> Array:
@@ -105,7 +113,7 @@ def heads(names: Sequence[str], floats: Sequence[Sequence[Any]]) -> list[Head]:
     for o, rows in stacked.items():
         t = bool(layouts[o])
         if rows.shape[1] >= 5 and _boxes(rows) and (count := _score_run(rows, 4)):
-            found.append(Head(o, o, 4, count, t, (names[o],)))
+            found.append(Head(o, o, 4, count, t, (names[o],), _angle(rows, 4 + count)))
     boxes = [o for o, rows in stacked.items() if rows.shape[1] == 4 and _boxes(rows)]
     for b in boxes:
         for o, rows in stacked.items():
@@ -114,6 +122,14 @@ def heads(names: Sequence[str], floats: Sequence[Sequence[Any]]) -> list[Head]:
                 found.append(Head(b, o, 0, count, bool(layouts[b]), (names[b], names[o])))
                 break
     return found
+
+
+def _angle(rows: Array, row: int) -> int | None:
+    """``row`` when it is the last row and its values stay within :data:`ANGLES` (an oriented box's angle)."""
+    if rows.shape[1] != row + 1:
+        return None
+    values = rows[:, row]
+    return row if bool(values.min() >= ANGLES[0] - 1e-3 and values.max() <= ANGLES[1] + 1e-3) else None
 
 
 def _xyxy(xywh: Array) -> Array:
@@ -129,8 +145,8 @@ def _iou(box: Array, others: Array) -> Array:
     return inter / np.maximum(area - inter, 1e-9)  # type: ignore[no-any-return]
 
 
-def detect(boxes: Array, scores: Array) -> tuple[Array, Array, Array]:
-    """One sample's detections (``xyxy`` boxes, classes, confidences), most confident first: ``boxes``
+def detect(boxes: Array, scores: Array) -> tuple[Array, Array, Array, Array]:
+    """One sample's detections (``xyxy`` boxes, classes, confidences, anchors), most confident first: ``boxes``
     ``[4, N]``, ``scores`` ``[C, N]``, decoded as Ultralytics' ``predict`` does."""
     classes, confidence = scores.argmax(0), scores.max(0)
     chosen = np.flatnonzero(confidence >= CONFIDENCE)
@@ -143,10 +159,10 @@ def detect(boxes: Array, scores: Array) -> tuple[Array, Array, Array]:
         rivals = [k for k in kept if classes[chosen[k]] == classes[chosen[i]]]
         if not rivals or _iou(corners[i], corners[rivals]).max() <= NMS_IOU:
             kept.append(i)
-    return corners[kept], classes[chosen[kept]], confidence[chosen[kept]]
+    return corners[kept], classes[chosen[kept]], confidence[chosen[kept]], chosen[kept]
 
 
-def _match(f: tuple[Array, Array, Array], q: tuple[Array, Array, Array]) -> list[tuple[int, int, float]]:
+def _match(f: tuple[Array, ...], q: tuple[Array, ...]) -> list[tuple[int, int, float]]:
     """Float's detections found again in int8's: (float's index, int8's index, IoU)."""
     free = np.ones(len(q[0]), bool)
     pairs = []
@@ -174,6 +190,7 @@ def judge(head: Head, floats: Sequence[Sequence[Any]], ints: Sequence[Sequence[A
     found = made = matched = 0
     shifts: list[float] = []
     ious: list[float] = []
+    turns: list[float] = []
     for f_sample, q_sample in zip(floats, ints, strict=True):
         for row in range(np.shape(f_sample[head.boxes])[0]):
             f, q = detect(*_split(head, f_sample, row)), detect(*_split(head, q_sample, row))
@@ -181,21 +198,36 @@ def judge(head: Head, floats: Sequence[Sequence[Any]], ints: Sequence[Sequence[A
             found, made, matched = found + len(f[0]), made + len(q[0]), matched + len(pairs)
             shifts += [float(np.abs(f[0][i] - q[0][j]).mean()) for i, j, _ in pairs]
             ious += [iou for _, _, iou in pairs]
+            if head.angle is not None:
+                turns += _turns(head, f_sample, q_sample, row, f, q, pairs)
+    angle = {"angle_deg": round(float(np.mean(turns)), 2) if turns else 0.0} if head.angle is not None else {}
     return {
         "output": " + ".join(head.names), "outputs": list(head.names), "part": "detections", "classes": head.classes,
         "float_detections": found, "int8_detections": made,
         "recall": round(matched / found, 4) if found else 1.0,
         "precision": round(matched / made, 4) if made else 1.0,
         "shift_px": round(float(np.mean(shifts)), 3) if shifts else 0.0,
-        "iou": round(float(np.mean(ious)), 4) if ious else 1.0,
+        "iou": round(float(np.mean(ious)), 4) if ious else 1.0, **angle,
     }  # fmt: skip
+
+
+def _turns(head: Head, f_sample: Sequence[Any], q_sample: Sequence[Any], row: int, f: tuple[Array, ...],
+           q: tuple[Array, ...], pairs: list[tuple[int, int, float]]) -> list[float]:  # fmt: skip
+    """The matched oriented boxes' angle distances from float's, in degrees (modulo 180)."""
+    angles = [_rows(s[head.boxes], head.transposed)[row, head.angle] for s in (f_sample, q_sample)]
+    turned = []
+    for i, j, _ in pairs:
+        d = abs(float(angles[0][f[3][i]]) - float(angles[1][q[3][j]])) % np.pi
+        turned.append(float(np.degrees(min(d, np.pi - d))))
+    return turned
 
 
 def poor(part: Mapping[str, Any]) -> bool:
     """Whether a head's detections are far from float's (see the module's docstring)."""
     if part["float_detections"] < MIN_DETECTIONS:
         return False
-    return bool(min(part["recall"], part["precision"]) < POOR_SHARE or part["iou"] < POOR_IOU)
+    turned = part.get("angle_deg", 0.0) > POOR_ANGLE_DEG
+    return bool(min(part["recall"], part["precision"]) < POOR_SHARE or part["iou"] < POOR_IOU or turned)
 
 
 def describe(part: Mapping[str, Any]) -> str:
@@ -205,4 +237,5 @@ def describe(part: Mapping[str, Any]) -> str:
         return f"{what}: no detections in float on the samples checked (scores >= {CONFIDENCE:g})"
     return (f"{what}: {part['recall']:.0%} of float's {found} detections found (same class, IoU >= {MATCH_IOU:g}), "
             f"{part['precision']:.0%} of int8's {part['int8_detections']} are float's; boxes {part['shift_px']:.2f} px "
-            f"from float's (mean corner shift; IoU {part['iou']:.3f})")  # fmt: skip
+            f"from float's (mean corner shift; IoU {part['iou']:.3f})"
+            + (f", turned {part['angle_deg']:.1f} degrees" if "angle_deg" in part else ""))  # fmt: skip

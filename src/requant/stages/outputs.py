@@ -90,11 +90,12 @@ def _measure(
 def _parts_of_head(
     parts: list[dict[str, Any]], head: detections.Head, splits: Mapping[str, Split]
 ) -> list[dict[str, Any]]:
-    """The parts holding a head's boxes and class scores (not a segmentation head's mask coefficients nor an
-    oriented box's angle: those are judged as values)."""
+    """The parts holding a head's boxes, class scores and an oriented box's angle (judged on the matched boxes);
+    not a segmentation head's mask coefficients (judged as values)."""
     scores = range(head.first, head.first + head.classes)
     split = len(head.names) > 1
-    rows = {head.names[0]: range(4), head.names[-1]: scores} if split else {head.names[0]: range(scores.stop)}
+    last = scores.stop + (head.angle is not None)
+    rows = {head.names[0]: range(4), head.names[-1]: scores} if split else {head.names[0]: range(last)}
     found = []
     for part in parts:
         taken = rows.get(part["output"])
