@@ -31,6 +31,7 @@ against float): 0.9931 without, 0.9979 with ``alpha`` 0.8 (0.9975 at 0.7, 0.9976
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,9 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
-from requant.calibration.observers import MinMaxObserver, Observer
-from requant.calibration.runner import Progress, collect
+from requant.calibration.observers import MinMaxObserver
+from requant.calibration.runner import Kept, Progress, collect
+from requant.calibration.samples import iter_samples
 from requant.ir.queries import constant, fresh_name, graph_values, weighted_layers
 from requant.passes._rewrite import new_initializer
 
@@ -63,7 +65,7 @@ DEFAULT_ALPHA = 0.8
 # a few microseconds (1 % of a 64-token run).
 MIN_SPREAD = 3.0
 LSTM_ALPHAS = (0.5, 0.65)  # an LSTM's input: tried beside the run's alpha (:func:`lstm_alpha`)
-LSTM_ROWS = 4096  # an LSTM's input rows lstm_alpha measures on (the first runs')
+LSTM_BYTES = 16 << 20  # an LSTM's input lstm_alpha measures on: the first runs' (4,096 rows of 1,024 channels)
 FLOATS = (ir.DataType.FLOAT,)  # weights requant rescales (float16 models are computed in float32 first)
 
 
@@ -256,36 +258,25 @@ def _smooth(graph: ir.Graph, x: ir.Value, linears: list[_Linear], observer: MinM
     return Smoothed(str(x.name), names, applied, None, int(act.size), before, after, chosen)
 
 
-class _Kept(Observer):
-    """The first ``LSTM_ROWS`` rows of a tensor's last axis, per update (one run each)."""
-
-    def __init__(self) -> None:
-        self.arrays: list[Any] = []
-        self.rows = 0
-
-    def update(self, array: Any) -> None:
-        if self.rows < LSTM_ROWS:
-            rows = np.asarray(array, np.float64).reshape(-1, array.shape[-1])
-            self.arrays.append(rows)
-            self.rows += len(rows)
-
-
 def _lstm_inputs(model: ir.Model, data: Any, inputs: list[ir.Value]) -> dict[str, list[Any]]:
-    """The LSTMs' inputs' values on the first samples of ``data`` (one array per run), by name."""
+    """The LSTMs' inputs' values on the first samples of ``data`` (one array per run), by name: runs until each
+    has ``LSTM_BYTES`` (:class:`~requant.calibration.runner.Kept`), not over the whole data set."""
     if not inputs:
         return {}
-    observers = {str(x.name): _Kept() for x in inputs}
-    collect(model, data, observers, stack=False)
+    observers = {str(x.name): Kept(LSTM_BYTES) for x in inputs}
+    until_full = itertools.takewhile(lambda _: not all(o.full for o in observers.values()), iter_samples(model, data))
+    collect(model, until_full, observers, stack=False)
     return {name: o.arrays for name, o in observers.items()}
 
 
 def lstm_alpha(runs: list[Any], weight: Any, act: Any, wmax: Any, alpha: float) -> float:
     """The alpha among ``LSTM_ALPHAS`` and ``alpha`` whose factors give the LSTM's input product ``X W^T``
-    closest to float over ``runs`` (each ``[rows, input]``) as ONNX Runtime's int8 LSTM computes it: the input
+    closest to float over ``runs`` (each ``[..., input]``) as ONNX Runtime's int8 LSTM computes it: the input
     on uint8 steps over each run's own range, the weight ``[directions, 4 x hidden, input]`` on int8 steps per
     gate row. An LSTM's input is quantized per run, not over a calibrated range, so the alpha that suits a
     transformer's linear layers need not suit it (DTLN's spectrum: 33.7 dB at 0.8, 35.3 at 0.65)."""
     w = np.asarray(weight, np.float64).reshape(-1, weight.shape[-1])
+    runs = [np.asarray(r, np.float64).reshape(-1, r.shape[-1]) for r in runs]
     exact = [r @ w.T for r in runs]
     errors = {}
     for a in sorted({alpha, *LSTM_ALPHAS}, reverse=True):
